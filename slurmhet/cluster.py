@@ -1,0 +1,134 @@
+"""Cluster inventory: nodes, their GPU types and counts, features and links.
+
+The planner, the simulator and the CLI all speak this one vocabulary, whether the
+inventory was read from the live cluster (``slurmhet.slurm``) or from a YAML file.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from slurmhet.errors import InputError
+
+#: Default link bandwidths in GB/s when the site says nothing (NVLink-less PCIe
+#: inside a node, 10 GbE between nodes), as assumed in seed 001 section VI.
+DEFAULT_INTRA_NODE_GBPS = 10.0
+DEFAULT_INTER_NODE_GBPS = 1.25
+
+
+@dataclass(frozen=True)
+class Node:
+    """One compute node; ``gpus`` maps a GPU type to how many of them it has."""
+
+    name: str
+    gpus: Mapping[str, int]
+    features: tuple[str, ...] = ()
+    state: str = "idle"
+    cpus: int = 0
+    memory_mb: int = 0
+    gpu_memory_gb: Mapping[str, float] = field(default_factory=dict)
+    mps: int = 0
+    shards: int = 0
+
+    @property
+    def available(self) -> bool:
+        """A node takes new work unless Slurm has it drained, down or failing."""
+        bad = ("drain", "down", "fail", "maint", "inval", "not_responding", "unknown")
+        return not any(word in self.state.lower() for word in bad)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    """All nodes plus the two link speeds the communication model needs."""
+
+    nodes: tuple[Node, ...]
+    intra_node_gbps: float = DEFAULT_INTRA_NODE_GBPS
+    inter_node_gbps: float = DEFAULT_INTER_NODE_GBPS
+
+    def usable(self) -> "Inventory":
+        """The inventory without drained or down nodes."""
+        return Inventory(
+            tuple(n for n in self.nodes if n.available), self.intra_node_gbps, self.inter_node_gbps
+        )
+
+    @property
+    def gpu_types(self) -> tuple[str, ...]:
+        return tuple(sorted({t for n in self.nodes for t, c in n.gpus.items() if c > 0}))
+
+    def gpus_by_type(self) -> dict[str, int]:
+        total: Counter[str] = Counter()
+        for node in self.nodes:
+            total.update(node.gpus)
+        return {t: c for t, c in sorted(total.items()) if c > 0}
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+
+def parse_cluster_spec(text: str, gpus_per_node: int = 4) -> Inventory:
+    """Build an inventory from ``v100:20,p100:20,k80:20`` (GPUs per type).
+
+    Each type fills whole nodes of ``gpus_per_node`` GPUs; a remainder makes a
+    smaller last node. Used by the simulator and benchmarks.
+    """
+    if gpus_per_node <= 0:
+        raise InputError("--gpus-per-node must be positive", place="--gpus-per-node", hint="e.g. 4")
+    nodes: list[Node] = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        gpu_type, sep, count_text = part.partition(":")
+        if not sep or not gpu_type or not count_text.isdigit() or int(count_text) <= 0:
+            raise InputError(
+                f"bad cluster spec entry {part!r}", place="--cluster", hint="write TYPE:COUNT, e.g. v100:8,k80:4"
+            )
+        remaining = int(count_text)
+        index = 0
+        while remaining > 0:
+            take = min(gpus_per_node, remaining)
+            nodes.append(Node(f"{gpu_type}-{index}", {gpu_type.lower(): take}, (gpu_type.lower(),)))
+            remaining -= take
+            index += 1
+    if not nodes:
+        raise InputError("empty cluster spec", place="--cluster", hint="e.g. v100:8,k80:4")
+    return Inventory(tuple(nodes))
+
+
+def load_inventory_yaml(path: Path) -> Inventory:
+    """Read a cluster YAML: ``nodes: [{name, gpus: {type: n}, features}]`` plus link speeds."""
+    try:
+        data: Any = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise InputError(f"cannot read cluster file: {exc}", place=str(path), hint="a YAML mapping with 'nodes:'") from exc
+    if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
+        raise InputError("cluster file needs a 'nodes:' list", place=str(path), hint="nodes: [{name: a, gpus: {v100: 4}}]")
+    nodes = []
+    for i, entry in enumerate(data["nodes"]):
+        place = f"{path}:nodes[{i}]"
+        if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
+            raise InputError("node needs a 'name'", place=place, hint="name: nodea")
+        gpus = entry.get("gpus", {})
+        if not isinstance(gpus, dict) or not all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0 for k, v in gpus.items()
+        ):
+            raise InputError("'gpus' must map GPU type to a count >= 0", place=f"{place}.gpus", hint="gpus: {v100: 4}")
+        nodes.append(
+            Node(
+                entry["name"],
+                {k.lower(): v for k, v in gpus.items()},
+                tuple(entry.get("features", ()) or ()),
+                gpu_memory_gb={k.lower(): float(v) for k, v in (entry.get("gpu_memory_gb") or {}).items()},
+            )
+        )
+    links = data.get("links", {}) or {}
+    return Inventory(
+        tuple(nodes),
+        float(links.get("intra_node_gbps", DEFAULT_INTRA_NODE_GBPS)),
+        float(links.get("inter_node_gbps", DEFAULT_INTER_NODE_GBPS)),
+    )

@@ -1,0 +1,34 @@
+"""The two failure classes every command maps to an exit code.
+
+``InputError`` (exit 2) is the user's to fix: it carries a one-line cause, the
+place (file:line:col or field) and a hint. ``SystemFailure`` (exit 1) is the
+system's: Slurm down, database unreachable.
+"""
+
+from __future__ import annotations
+
+
+class SlurmhetError(Exception):
+    exit_code = 1
+
+
+class InputError(SlurmhetError):
+    """Bad user input: a spec, a flag, a trace, a table, a checkpoint."""
+
+    exit_code = 2
+
+    def __init__(self, cause: str, *, place: str = "", hint: str = "") -> None:
+        self.cause = cause
+        self.place = place
+        self.hint = hint
+        super().__init__(self.one_line())
+
+    def one_line(self) -> str:
+        text = f"{self.place}: {self.cause}" if self.place else self.cause
+        return f"{text} (hint: {self.hint})" if self.hint else text
+
+
+class SystemFailure(SlurmhetError):
+    """Something outside the user's input failed; the store is left as it was."""
+
+    exit_code = 1

@@ -1,0 +1,564 @@
+"""The job spec: YAML -> typed, validated ``JobSpec`` objects.
+
+A file holds one job (a mapping) or ``jobs: [...]``. Every error names the file,
+line and column, the field, and a hint (the closest known field name when a key
+is misspelt). Flags that slurmhet manages itself are refused in ``sbatch:``
+because a user value would silently fight the plan.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import yaml
+
+from slurmhet.cluster import Inventory
+from slurmhet.errors import InputError
+
+SYNC_MODES = ("allreduce", "ps", "local-sgd")
+
+#: sbatch options slurmhet sets itself, with the reason shown when a user sets one.
+MANAGED_SBATCH: Mapping[str, str] = {
+    **dict.fromkeys(
+        ("gres", "gpus", "G", "gpus-per-node", "gpus-per-task", "gpus-per-socket", "mem-per-gpu"),
+        "the planner chooses GPU types and counts; use 'gpus: {min, max, types}'",
+    ),
+    **dict.fromkeys(("constraint", "C", "nodelist", "w", "nodes", "N"), "the planner chooses the nodes"),
+    **dict.fromkeys(("ntasks", "n", "ntasks-per-node"), "slurmhet launches one task per planned GPU"),
+    **dict.fromkeys(("array", "a"), "slurmhet builds arrays itself (forked copies, chunking)"),
+    **dict.fromkeys(("dependency", "d"), "slurmhet orders jobs itself (plan order, consolidation)"),
+    **dict.fromkeys(("job-name", "J"), "use the spec's 'name:' field"),
+    **dict.fromkeys(("time", "t"), "use the spec's 'time_limit:' field"),
+    "comment": "slurmhet tags every job with --comment=slurmhet:<id>",
+    **dict.fromkeys(("output", "o", "error", "e"), "slurmhet keeps job logs under its state directory"),
+    "wrap": "give the program in 'command:' or 'entrypoint:'",
+    "parsable": "slurmhet parses sbatch output itself",
+    "signal": "slurmhet sets --signal for checkpoint-on-preemption",
+    **dict.fromkeys(("hetjob", "het-group"), "slurmhet builds heterogeneous jobs from the plan"),
+}
+
+_OPTION_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]*$")
+_JOB_NAME = re.compile(r"^[^\x00]{1,200}$")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What the throughput table is keyed by: a model name and a per-GPU batch size."""
+
+    model: str
+    batch_size: int
+
+    @property
+    def key(self) -> str:
+        return f"{self.model} (batch size {self.batch_size})"
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    min: int = 1
+    max: int = 1
+    types: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """One job as the user asked for it; the unit the planner and the store work on."""
+
+    name: str
+    workload: Workload
+    global_batch: int
+    command: tuple[str, ...] = ()
+    entrypoint: str | None = None
+    args: tuple[Any, ...] = ()
+    epochs: float | None = None
+    dataset_size: int | None = None
+    steps: int | None = None
+    model_size_mb: float | None = None
+    sync: str = "allreduce"
+    gpus: GpuRequest = GpuRequest()
+    weight: float = 1.0
+    priority: int = 0
+    colocate: bool = False
+    gpu_memory_gb: float | None = None
+    checkpoint_dir: str | None = None
+    time_limit_min: int | None = None
+    sbatch: tuple[tuple[str, str | None], ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+    #: Where each field came from, "file:line:col"; for errors found later (cluster checks).
+    places: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False, repr=False)
+
+    @property
+    def total_samples(self) -> int:
+        """Work amount in samples: epochs x dataset size, or steps x global batch."""
+        if self.steps is not None:
+            return self.steps * self.global_batch
+        assert self.epochs is not None and self.dataset_size is not None
+        return int(round(self.epochs * self.dataset_size))
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps if self.steps is not None else -(-self.total_samples // self.global_batch)
+
+    @property
+    def forkable(self) -> bool:
+        """Only local-SGD jobs may be forked into independent copies (HadarE)."""
+        return self.sync == "local-sgd"
+
+    def place(self, name: str) -> str:
+        return self.places.get(name) or self.places.get("", "")
+
+    def to_dict(self) -> dict[str, Any]:
+        """The canonical mapping form, stored in the database and re-parseable by ``parse_job``."""
+        out: dict[str, Any] = {
+            "name": self.name,
+            "workload": {"model": self.workload.model, "batch_size": self.workload.batch_size},
+            "global_batch": self.global_batch,
+            "sync": self.sync,
+            "gpus": {"min": self.gpus.min, "max": self.gpus.max, "types": list(self.gpus.types)},
+            "weight": self.weight,
+            "priority": self.priority,
+            "colocate": self.colocate,
+        }
+        if self.command:
+            out["command"] = list(self.command)
+        if self.entrypoint:
+            out["entrypoint"] = self.entrypoint
+            out["args"] = list(self.args)
+        work: dict[str, Any] = {}
+        if self.steps is not None:
+            work["steps"] = self.steps
+        else:
+            work.update(epochs=self.epochs, dataset_size=self.dataset_size)
+        out["work"] = work
+        optional = {
+            "model_size_mb": self.model_size_mb,
+            "gpu_memory_gb": self.gpu_memory_gb,
+            "checkpoint_dir": self.checkpoint_dir,
+            "time_limit": self.time_limit_min,
+        }
+        out.update({k: v for k, v in optional.items() if v is not None})
+        if self.sbatch:
+            out["sbatch"] = [f"--{k}={v}" if v is not None else f"--{k}" for k, v in self.sbatch]
+        if self.env:
+            out["env"] = dict(self.env)
+        return out
+
+
+# --------------------------------------------------------------------------- YAML with places
+
+
+class _Located:
+    """Mixin carrying the YAML marks of a mapping's keys and values."""
+
+    mark: yaml.Mark | None = None
+    key_marks: dict[Any, yaml.Mark]
+    value_marks: dict[Any, yaml.Mark]
+
+
+class LocatedDict(dict, _Located):  # type: ignore[type-arg]
+    pass
+
+
+class LocatedList(list, _Located):  # type: ignore[type-arg]
+    pass
+
+
+class _LocatedLoader(yaml.SafeLoader):
+    """SafeLoader whose mappings and sequences remember where each entry was written."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> LocatedDict:  # type: ignore[override]
+        out = LocatedDict()
+        out.mark, out.key_marks, out.value_marks = node.start_mark, {}, {}
+        for key_node, value_node in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if not isinstance(key, (str, int, float, bool)) or key is None:
+                raise InputError("mapping keys must be plain names", place=_fmt(key_node.start_mark), hint="name: value")
+            if key in out:
+                raise InputError(f"duplicate key {key!r}", place=_fmt(key_node.start_mark), hint="each field once")
+            out[key] = self.construct_object(value_node, deep=True)
+            out.key_marks[key], out.value_marks[key] = key_node.start_mark, value_node.start_mark
+        return out
+
+    def construct_sequence(self, node: yaml.SequenceNode, deep: bool = False) -> LocatedList:  # type: ignore[override]
+        out = LocatedList(self.construct_object(child, deep=True) for child in node.value)
+        out.mark, out.key_marks = node.start_mark, {}
+        out.value_marks = {i: child.start_mark for i, child in enumerate(node.value)}
+        return out
+
+
+_LocatedLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _LocatedLoader.construct_mapping)
+_LocatedLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _LocatedLoader.construct_sequence)
+
+
+def _fmt(mark: yaml.Mark | None, source: str | None = None) -> str:
+    if mark is None:
+        return source or ""
+    return f"{source or mark.name}:{mark.line + 1}:{mark.column + 1}"
+
+
+# --------------------------------------------------------------------------- field readers
+
+
+class _Fields:
+    """Reads one YAML mapping field by field, turning every problem into an InputError with a place."""
+
+    def __init__(self, data: Any, source: str, where: str, known: Iterable[str]) -> None:
+        self.source, self.where = source, where
+        if not isinstance(data, dict):
+            raise InputError(f"{where or 'job'} must be a mapping", place=self._place_of(data), hint="name: value lines")
+        self.data = data
+        known = tuple(known)
+        for key in data:
+            if key not in known:
+                close = difflib.get_close_matches(str(key), known, n=1)
+                hint = f"did you mean '{close[0]}'?" if close else "known fields: " + ", ".join(known)
+                raise InputError(f"unknown field '{self.path(str(key))}'", place=self.key_place(key), hint=hint)
+
+    def _place_of(self, data: Any) -> str:
+        return _fmt(getattr(data, "mark", None), self.source)
+
+    def path(self, key: str) -> str:
+        return f"{self.where}.{key}" if self.where else key
+
+    def key_place(self, key: Any) -> str:
+        return _fmt(getattr(self.data, "key_marks", {}).get(key) or getattr(self.data, "mark", None), self.source)
+
+    def value_place(self, key: Any) -> str:
+        return _fmt(getattr(self.data, "value_marks", {}).get(key) or getattr(self.data, "mark", None), self.source)
+
+    def fail(self, key: str, cause: str, hint: str) -> InputError:
+        return InputError(f"{self.path(key)}: {cause}", place=self.value_place(key), hint=hint)
+
+    def has(self, key: str) -> bool:
+        return key in self.data and self.data[key] is not None
+
+    def get(self, key: str) -> Any:
+        return self.data.get(key)
+
+    def string(self, key: str, *, required: bool = False, default: str | None = None) -> str | None:
+        if not self.has(key):
+            if required:
+                raise InputError(f"missing field '{self.path(key)}'", place=self._place_of(self.data), hint=f"add '{key}:'")
+            return default
+        value = self.data[key]
+        if not isinstance(value, str) or not value.strip():
+            raise self.fail(key, f"must be a non-empty string, got {type(value).__name__}", f"{key}: text")
+        return value
+
+    def integer(self, key: str, *, minimum: int = 1, default: int | None = None) -> int | None:
+        if not self.has(key):
+            return default
+        value = self.data[key]
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.fail(key, f"must be a whole number, got {value!r}", f"{key}: {max(minimum, 1)}")
+        if value < minimum:
+            raise self.fail(key, f"must be >= {minimum}, got {value}", f"{key}: {max(minimum, 1)}")
+        return value
+
+    def number(self, key: str, *, positive: bool = True, default: float | None = None) -> float | None:
+        if not self.has(key):
+            return default
+        value = self.data[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+            raise self.fail(key, f"must be a number, got {value!r}", f"{key}: 1.5")
+        if positive and value <= 0:
+            raise self.fail(key, f"must be > 0, got {value}", f"{key}: 1.5")
+        if not positive and value < 0:
+            raise self.fail(key, f"must be >= 0, got {value}", f"{key}: 0")
+        return float(value)
+
+    def boolean(self, key: str, default: bool) -> bool:
+        if not self.has(key):
+            return default
+        value = self.data[key]
+        if not isinstance(value, bool):
+            raise self.fail(key, f"must be true or false, got {value!r}", f"{key}: true")
+        return value
+
+    def sub(self, key: str, known: Iterable[str]) -> "_Fields":
+        return _Fields(self.data[key], self.source, self.path(key), known)
+
+
+JOB_FIELDS = (
+    "name", "command", "entrypoint", "args", "workload", "work", "global_batch", "model_size_mb", "sync",
+    "gpus", "weight", "priority", "colocate", "gpu_memory_gb", "checkpoint_dir", "time_limit", "sbatch", "env",
+)
+
+
+def _workload(f: _Fields) -> Workload:
+    if not f.has("workload"):
+        raise InputError(
+            f"missing field '{f.path('workload')}'", place=f._place_of(f.data),
+            hint="workload: {model: ResNet-50, batch_size: 64} (keys the throughput table)",
+        )
+    raw = f.get("workload")
+    if isinstance(raw, str):
+        match = re.fullmatch(r"\s*(.+?)\s*\(batch size (\d+)\)\s*", raw)
+        if not match:
+            raise f.fail("workload", f"cannot read {raw!r}", "'ResNet-50 (batch size 64)' or {model, batch_size}")
+        return Workload(match.group(1), int(match.group(2)))
+    w = f.sub("workload", ("model", "batch_size"))
+    model = w.string("model", required=True)
+    batch = w.integer("batch_size")
+    if batch is None:
+        raise InputError(f"missing field '{w.path('batch_size')}'", place=w._place_of(w.data), hint="batch_size: 64")
+    assert model is not None
+    return Workload(model.strip(), batch)
+
+
+def _command(f: _Fields) -> tuple[tuple[str, ...], str | None, tuple[Any, ...]]:
+    has_cmd, has_entry = f.has("command"), f.has("entrypoint")
+    if has_cmd == has_entry:
+        raise InputError(
+            "give exactly one of 'command' and 'entrypoint'", place=f._place_of(f.data),
+            hint="command: [python, train.py]  or  entrypoint: mypkg.train:main",
+        )
+    if has_entry:
+        entry = f.string("entrypoint")
+        assert entry is not None
+        if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", entry):
+            raise f.fail("entrypoint", f"{entry!r} is not module:function", "entrypoint: mypkg.train:main")
+        args = f.get("args") or []
+        if not isinstance(args, list):
+            raise f.fail("args", "must be a list", "args: [1, 'x']")
+        return (), entry, tuple(args)
+    if f.has("args"):
+        raise f.fail("args", "'args' goes with 'entrypoint'; put a command's arguments in 'command'", "command: [prog, --flag]")
+    raw = f.get("command")
+    if isinstance(raw, str):
+        try:
+            argv = shlex.split(raw)
+        except ValueError as exc:
+            raise f.fail("command", f"cannot split the command line: {exc}", "balance the quotes, or give a list") from exc
+    elif isinstance(raw, list) and all(isinstance(a, (str, int, float)) and not isinstance(a, bool) for a in raw):
+        argv = [str(a) for a in raw]
+    else:
+        raise f.fail("command", "must be a string or a list of strings", "command: [python, train.py, --epochs, '2']")
+    if not argv or any("\x00" in a for a in argv):
+        raise f.fail("command", "must name a program (and contain no NUL bytes)", "command: [python, train.py]")
+    return tuple(argv), None, ()
+
+
+def _work(f: _Fields, global_batch: int) -> tuple[float | None, int | None, int | None]:
+    if not f.has("work"):
+        raise InputError(
+            f"missing field '{f.path('work')}'", place=f._place_of(f.data),
+            hint="work: {epochs: 10, dataset_size: 50000}  or  work: {steps: 2000}",
+        )
+    w = f.sub("work", ("epochs", "dataset_size", "steps"))
+    steps = w.integer("steps")
+    epochs = w.number("epochs")
+    size = w.integer("dataset_size")
+    if steps is not None and (epochs is not None or size is not None):
+        raise w.fail("steps", "give either steps or epochs with dataset_size, not both", "work: {steps: 2000}")
+    if steps is None and (epochs is None or size is None):
+        raise InputError(
+            f"'{f.path('work')}' needs steps, or epochs and dataset_size", place=f.value_place("work"),
+            hint="work: {epochs: 10, dataset_size: 50000}",
+        )
+    if size is not None and size < global_batch:
+        raise w.fail("dataset_size", f"is smaller than global_batch {global_batch}", "check dataset_size")
+    return epochs, size, steps
+
+
+def _gpus(f: _Fields) -> GpuRequest:
+    if not f.has("gpus"):
+        return GpuRequest()
+    raw = f.get("gpus")
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        n = f.integer("gpus")
+        assert n is not None
+        return GpuRequest(n, n, ())
+    g = f.sub("gpus", ("min", "max", "types", "count"))
+    count = g.integer("count")
+    low = g.integer("min", default=count or 1)
+    high = g.integer("max", default=count or low)
+    assert low is not None and high is not None
+    if high < low:
+        raise g.fail("max", f"max {high} is below min {low}", f"max: {low}")
+    types_raw = g.get("types") or []
+    if isinstance(types_raw, str):
+        types_raw = [types_raw]
+    if not isinstance(types_raw, list) or not all(isinstance(t, str) and t.strip() for t in types_raw):
+        raise g.fail("types", "must be a list of GPU type names", "types: [v100, t4]")
+    types = tuple(dict.fromkeys(t.strip().lower() for t in types_raw))
+    return GpuRequest(low, high, types)
+
+
+def _time_limit(f: _Fields) -> int | None:
+    if not f.has("time_limit"):
+        return None
+    raw = f.get("time_limit")
+    if isinstance(raw, int) and not isinstance(raw, bool) and raw > 0:
+        return raw
+    if isinstance(raw, str):
+        match = re.fullmatch(r"(?:(\d+)-)?(\d+):(\d{2})(?::(\d{2}))?", raw.strip())
+        if match:
+            days, first, second, third = match.groups()
+            if third is None:  # MM:SS in Slurm's grammar would be odd for a training job; read H:MM
+                minutes = int(first) * 60 + int(second)
+            else:
+                minutes = int(first) * 60 + int(second) + (1 if int(third) else 0)
+            minutes += int(days or 0) * 1440
+            if minutes > 0:
+                return minutes
+    raise f.fail("time_limit", f"cannot read {raw!r}", "minutes (90), 'H:MM', 'H:MM:SS' or 'D-HH:MM:SS'")
+
+
+def _sbatch(f: _Fields) -> tuple[tuple[str, str | None], ...]:
+    if not f.has("sbatch"):
+        return ()
+    raw = f.get("sbatch")
+    items: list[tuple[str, str | None, str]] = []
+    if isinstance(raw, dict):
+        for key, value in raw.items():
+            place = _fmt(raw.key_marks.get(key), f.source) if isinstance(raw, LocatedDict) else f.value_place("sbatch")
+            items.append((str(key), None if value is True else str(value), place))
+    elif isinstance(raw, list):
+        for i, entry in enumerate(raw):
+            place = _fmt(getattr(raw, "value_marks", {}).get(i), f.source)
+            if not isinstance(entry, str) or not entry.startswith("-"):
+                raise InputError(f"sbatch[{i}]: {entry!r} is not an option", place=place, hint="'--account=ml'")
+            name, sep, value = entry.lstrip("-").partition("=")
+            items.append((name, value if sep else None, place))
+    else:
+        raise f.fail("sbatch", "must be a list of options or a mapping", "sbatch: ['--account=ml', '--qos=high']")
+    out = []
+    for name, value, place in items:
+        if not _OPTION_NAME.match(name):
+            raise InputError(f"sbatch option {name!r} is not an option name", place=place, hint="'--account=ml'")
+        if name in MANAGED_SBATCH:
+            raise InputError(f"sbatch option --{name} is managed by slurmhet", place=place, hint=MANAGED_SBATCH[name])
+        if value is not None and any(c in value for c in "\n\r\x00"):
+            raise InputError(f"sbatch option --{name} has a line break in its value", place=place, hint="one line")
+        out.append((name, value))
+    return tuple(out)
+
+
+def _env(f: _Fields) -> tuple[tuple[str, str], ...]:
+    if not f.has("env"):
+        return ()
+    raw = f.get("env")
+    if not isinstance(raw, dict):
+        raise f.fail("env", "must be a mapping of NAME: value", "env: {OMP_NUM_THREADS: '4'}")
+    out = []
+    for key, value in raw.items():
+        if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+            raise f.fail("env", f"{key!r} is not a variable name", "env: {OMP_NUM_THREADS: '4'}")
+        if key.startswith(("SLURM_", "SLURMHET_")):
+            raise f.fail("env", f"{key} is set by Slurm or slurmhet", "pick another variable name")
+        if isinstance(value, (dict, list)) or value is None:
+            raise f.fail("env", f"{key} must have a scalar value", f"env: {{{key}: '1'}}")
+        out.append((key, str(value)))
+    return tuple(out)
+
+
+def parse_job(data: Any, source: str, where: str = "") -> JobSpec:
+    """Validate one job mapping; ``source`` names the file for error places."""
+    f = _Fields(data, source, where, JOB_FIELDS)
+    name = f.string("name", required=True)
+    assert name is not None
+    if not _JOB_NAME.match(name):
+        raise f.fail("name", "must be 1-200 characters without NUL", "name: resnet50-cifar")
+    workload = _workload(f)
+    global_batch = f.integer("global_batch", default=workload.batch_size)
+    assert global_batch is not None
+    command, entrypoint, args = _command(f)
+    epochs, dataset_size, steps = _work(f, global_batch)
+    sync = f.string("sync", default="allreduce")
+    if sync not in SYNC_MODES:
+        close = difflib.get_close_matches(str(sync), SYNC_MODES, n=1)
+        raise f.fail("sync", f"unknown sync mode {sync!r}", f"did you mean '{close[0]}'?" if close else " | ".join(SYNC_MODES))
+    places = {"": _fmt(getattr(data, "mark", None), source)}
+    places.update({str(k): f.value_place(k) for k in data})
+    return JobSpec(
+        name=name,
+        workload=workload,
+        global_batch=global_batch,
+        command=command,
+        entrypoint=entrypoint,
+        args=args,
+        epochs=epochs,
+        dataset_size=dataset_size,
+        steps=steps,
+        model_size_mb=f.number("model_size_mb"),
+        sync=sync,
+        gpus=_gpus(f),
+        weight=f.number("weight", default=1.0) or 1.0,
+        priority=f.integer("priority", minimum=-1000, default=0) or 0,
+        colocate=f.boolean("colocate", False),
+        gpu_memory_gb=f.number("gpu_memory_gb"),
+        checkpoint_dir=f.string("checkpoint_dir"),
+        time_limit_min=_time_limit(f),
+        sbatch=_sbatch(f),
+        env=_env(f),
+        places=places,
+    )
+
+
+def load_text(text: str, source: str) -> list[JobSpec]:
+    """Parse a YAML document holding one job or ``jobs: [...]``."""
+    try:
+        data = yaml.load(text, Loader=_LocatedLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        raise InputError(f"YAML syntax error: {exc.problem or exc.context}", place=_fmt(mark, source),
+                         hint="check indentation and quoting on that line") from exc
+    except yaml.YAMLError as exc:
+        raise InputError(f"YAML error: {exc}", place=source, hint="check the file is YAML") from exc
+    if data is None:
+        raise InputError("the file holds no job", place=source, hint="write one job mapping or 'jobs: [...]'")
+    if isinstance(data, dict) and "jobs" in data:
+        extra = [k for k in data if k != "jobs"]
+        if extra:
+            raise InputError(f"unknown top-level field '{extra[0]}'", place=_fmt(data.key_marks.get(extra[0]), source),
+                             hint="a jobs file holds only 'jobs:'")
+        jobs = data["jobs"]
+        if not isinstance(jobs, list) or not jobs:
+            raise InputError("'jobs' must be a non-empty list", place=_fmt(data.value_marks.get("jobs"), source),
+                             hint="jobs:\n  - name: a ...")
+        specs = [parse_job(job, source, f"jobs[{i}]") for i, job in enumerate(jobs)]
+    else:
+        specs = [parse_job(data, source)]
+    seen: dict[str, int] = {}
+    for i, spec in enumerate(specs):
+        if spec.name in seen:
+            raise InputError(f"job name {spec.name!r} is used twice in this file", place=spec.place("name"),
+                             hint="give every job its own name")
+        seen[spec.name] = i
+    return specs
+
+
+def load_file(path: str | Path) -> list[JobSpec]:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read job file: {exc.__class__.__name__}: {exc}", place=str(path),
+                         hint="check the path and that it is UTF-8 text") from exc
+    return load_text(text, str(path))
+
+
+def check_against_cluster(spec: JobSpec, inventory: Inventory) -> None:
+    """Refuse GPU types the cluster lacks and requests larger than the cluster."""
+    have = inventory.gpus_by_type()
+    unknown = [t for t in spec.gpus.types if t not in have]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], list(have), n=1)
+        raise InputError(
+            f"job {spec.name!r}: GPU type {unknown[0]!r} is not in the cluster", place=spec.place("gpus"),
+            hint=(f"did you mean '{close[0]}'? " if close else "") + "the cluster has " + ", ".join(have),
+        )
+    allowed = spec.gpus.types or tuple(have)
+    capacity = sum(have[t] for t in allowed)
+    if spec.gpus.min > capacity:
+        raise InputError(
+            f"job {spec.name!r}: asks for at least {spec.gpus.min} GPUs but the cluster has {capacity}"
+            + (f" of types {', '.join(allowed)}" if spec.gpus.types else ""),
+            place=spec.place("gpus"), hint=f"lower gpus.min to {capacity} or allow more types",
+        )
