@@ -1,0 +1,50 @@
+# The two entry points named in the README: `make demo` and `make test`.
+# Both work as root on a fresh Debian 12 machine; everything they need is installed here.
+
+VENV      ?= .venv
+PY        := $(VENV)/bin/python
+SLURMHET  := $(VENV)/bin/slurmhet
+DEVCLUSTER := etc/devcluster/devcluster
+PGCLUSTER  := etc/devcluster/pgcluster
+export SLURMHET_STATE_DIR ?= $(CURDIR)/.state
+
+.PHONY: demo test setup cluster-up cluster-down pg-up pg-down spank goldens clean
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	etc/bootstrap-python
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e '.[torch,postgres,test]'
+	touch $@
+
+cluster-up:
+	$(DEVCLUSTER) up
+
+cluster-down:
+	$(DEVCLUSTER) down
+
+pg-up:
+	$(PGCLUSTER) up
+
+pg-down:
+	$(PGCLUSTER) down
+
+spank:
+	$(MAKE) -C spank
+
+## demo: a real local Slurm cluster, the example workload, and a report.
+demo: setup cluster-up
+	etc/demo
+
+## test: the whole suite, with the real Slurm cluster and PostgreSQL (cluster tests must not skip).
+test: setup cluster-up pg-up
+	SLURMHET_REQUIRE_CLUSTER=1 SLURMHET_TEST_PG_URL="$$($(PGCLUSTER) url)" $(VENV)/bin/pytest -q
+
+## goldens: regenerate the golden sbatch scripts after an intended template change.
+goldens: setup
+	SLURMHET_REGEN_GOLDENS=1 $(VENV)/bin/pytest -q tests/unit/test_render_golden.py
+
+clean:
+	rm -rf $(VENV) .state

@@ -1,0 +1,3 @@
+from slurmhet.cli import main
+
+main()

@@ -1,0 +1,238 @@
+"""click commands; thin: parse, call, print. Exit 2 for user errors, 1 for system failures."""
+
+from __future__ import annotations
+
+import grp
+import json
+import os
+import sys
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Sequence
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from slurmhet import spec as specmod
+from slurmhet.cluster import Inventory
+from slurmhet.config import Settings, load_settings
+from slurmhet.errors import InputError, SlurmhetError, SystemFailure
+from slurmhet.slurm.client import SlurmCli, SlurmClient
+from slurmhet.slurm.profile import SiteProfile, load_profile
+from slurmhet.slurm.runner import SlurmCommandError, SubprocessRunner
+from slurmhet.store import Database, JobState, list_jobs, get_job, add_event
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+class Context:
+    """Lazily opened resources, so `validate` needs neither Slurm nor a database."""
+
+    def __init__(self) -> None:
+        self.settings: Settings = load_settings()
+
+    @cached_property
+    def runner(self) -> SubprocessRunner:
+        return SubprocessRunner(timeout=self.settings.slurm.command_timeout_s)
+
+    @cached_property
+    def client(self) -> SlurmClient:
+        return SlurmCli(self.runner, timeout=self.settings.slurm.command_timeout_s)
+
+    @cached_property
+    def db(self) -> Database:
+        return Database(self.settings.database_url)
+
+    @cached_property
+    def profile(self) -> SiteProfile:
+        return load_profile(self.client, self.settings.state_dir / "site-profile.json", self.settings.slurm)
+
+    def inventory(self) -> Inventory:
+        return Inventory(tuple(self.client.nodes()))
+
+    def is_admin(self) -> bool:
+        if os.getuid() == 0:
+            return True
+        group = self.settings.admin_group
+        if not group:
+            return False
+        try:
+            return group in {g.gr_name for g in grp.getgrall() if os.getlogin() in g.gr_mem} or \
+                grp.getgrgid(os.getgid()).gr_name == group
+        except (KeyError, OSError):
+            return False
+
+
+class SlurmhetGroup(click.Group):
+    """Turns slurmhet's errors into one line on stderr and the right exit code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except SlurmCommandError as exc:
+            err_console.print(f"slurmhet: error: Slurm: {exc.describe()}", markup=False, highlight=False)
+            sys.exit(1)
+        except SlurmhetError as exc:
+            kind = "error" if isinstance(exc, InputError) else "failure"
+            err_console.print(f"slurmhet: {kind}: {exc}", markup=False, highlight=False, soft_wrap=True)
+            sys.exit(exc.exit_code)
+
+
+@click.group(cls=SlurmhetGroup)
+@click.version_option(package_name="slurmhet")
+@click.pass_context
+def main(ctx: click.Context) -> None:
+    """Heterogeneity-aware batch layer for Slurm."""
+    ctx.obj = Context()
+
+
+def _emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+def _load_specs(files: Sequence[str]) -> list[tuple[specmod.JobSpec, str]]:
+    out = []
+    for path in files:
+        out += [(s, path) for s in specmod.load_file(path)]
+    return out
+
+
+@main.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+def validate(files: tuple[str, ...]) -> None:
+    """Check job spec FILES without Slurm or the database."""
+    specs = _load_specs(files)
+    for spec, path in specs:
+        click.echo(f"ok  {path}: {spec.name} ({spec.workload.key}, {spec.gpus.min}-{spec.gpus.max} GPUs)")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+@click.pass_obj
+def cluster(obj: Context, as_json: bool) -> None:
+    """GPU types x nodes x counts, read from the live cluster."""
+    inventory = obj.inventory()
+    if as_json:
+        _emit_json({"nodes": [{"name": n.name, "gpus": dict(n.gpus), "features": list(n.features), "state": n.state,
+                               "mps": n.mps, "shards": n.shards} for n in inventory.nodes],
+                    "gpus_by_type": inventory.gpus_by_type()})
+        return
+    types = inventory.gpu_types
+    table = Table(title="slurmhet cluster")
+    for column in ("node", "state", *types, "features"):
+        table.add_column(column)
+    for node in inventory.nodes:
+        table.add_row(node.name, node.state, *(str(node.gpus.get(t, 0)) for t in types), ",".join(node.features))
+    table.add_row("total", "", *(str(inventory.gpus_by_type().get(t, 0)) for t in types), "")
+    console.print(table)
+
+
+@main.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--dry-run", is_flag=True, help="print each script and sbatch argv; store and submit nothing")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def submit(obj: Context, files: tuple[str, ...], dry_run: bool, as_json: bool) -> None:
+    """Validate, store and submit the jobs in FILES."""
+    from slurmhet.submission import Submitter
+
+    specs = _load_specs(files)
+    inventory = obj.inventory()
+    submitter = Submitter(obj.db if not dry_run else None, obj.client, obj.profile, obj.settings, obj.runner)  # type: ignore[arg-type]
+    outcomes = submitter.submit_new(specs, inventory, dry_run)
+    if as_json:
+        _emit_json({"jobs": [o.to_json() for o in outcomes]})
+    else:
+        for o in outcomes:
+            if dry_run:
+                click.echo(f"# job {o.name!r}: {o.gpus} x {o.gpu_type} on {','.join(o.nodes)}")
+                click.echo("# argv: " + " ".join(_shell_join(o.argv)) if o.argv else "# argv: (submitit)")
+                click.echo(o.script)
+            else:
+                where = f"{o.gpus} x {o.gpu_type} on {','.join(o.nodes)}"
+                tail = f"Slurm job {o.slurm_job_id}" if o.slurm_job_id else f"refused: {o.reason}"
+                click.echo(f"{o.job_id}\t{o.name}\t{o.state}\t{where}\t{tail}")
+    if any(o.state == "SUBMIT_FAILED" for o in outcomes):
+        err_console.print("slurmhet: failure: Slurm refused some jobs; they stay stored as SUBMIT_FAILED "
+                          "and `slurmhet replan` retries them", markup=False)
+        sys.exit(1)
+
+
+def _shell_join(argv: Sequence[str]) -> list[str]:
+    import shlex
+
+    return [shlex.quote(a) for a in argv]
+
+
+def _visible_jobs(obj: Context, session: Any, all_users: bool) -> list[Any]:
+    from slurmhet.submission import current_user
+
+    owner = None if (all_users and obj.is_admin()) else current_user()
+    if all_users and not obj.is_admin():
+        raise InputError("--all needs root or the admin group", place="--all", hint="drop --all to see your jobs")
+    return list_jobs(session, owner=owner)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--all", "all_users", is_flag=True, help="every user's jobs (root or admin group)")
+@click.pass_obj
+def status(obj: Context, as_json: bool, all_users: bool) -> None:
+    """Your jobs and their Slurm parts, refreshed from Slurm."""
+    from slurmhet.sync import sync_jobs
+
+    with obj.db.transaction() as session:
+        jobs = _visible_jobs(obj, session, all_users)
+        try:
+            sync_jobs(session, obj.client, jobs)
+        except SlurmCommandError as exc:
+            raise SystemFailure(f"cannot reach Slurm to refresh job states ({exc.describe()}); "
+                                "the store was left as it was") from exc
+        rows = [{
+            "id": j.id, "name": j.name, "owner": j.owner, "state": j.state.value, "reason": j.reason,
+            "slurm": [{"id": p.slurm_job_id, "role": p.role, "het_offset": p.het_offset, "array_task": p.array_task,
+                       "gpu_type": p.gpu_type, "gpus": p.gpu_count, "state": p.state, "nodes": p.nodes}
+                      for p in j.slurm_jobs],
+        } for j in jobs]
+    if as_json:
+        _emit_json({"jobs": rows})
+        return
+    table = Table(title="slurmhet status")
+    for column in ("id", "name", "owner", "state", "slurm", "gpus", "nodes", "reason"):
+        table.add_column(column)
+    for row in rows:
+        parts = row["slurm"]
+        table.add_row(str(row["id"]), row["name"], row["owner"], row["state"],
+                      " ".join(p["id"] for p in parts), " ".join(f"{p['gpus']}x{p['gpu_type']}" for p in parts),
+                      " ".join(p["nodes"] for p in parts), row["reason"][:60])
+    console.print(table)
+
+
+@main.command()
+@click.argument("job_ids", nargs=-1, required=True, type=int)
+@click.pass_obj
+def cancel(obj: Context, job_ids: tuple[int, ...]) -> None:
+    """Cancel slurmhet jobs (yours, or anyone's as root/admin)."""
+    from slurmhet.submission import current_user
+
+    with obj.db.transaction() as session:
+        jobs = []
+        for job_id in job_ids:
+            job = get_job(session, job_id)
+            if job is None:
+                raise InputError(f"no slurmhet job {job_id}", place="ID", hint="see `slurmhet status`")
+            if job.owner != current_user() and not obj.is_admin():
+                raise InputError(f"job {job_id} belongs to {job.owner}", place="ID", hint="you can cancel your own jobs")
+            jobs.append(job)
+        live = [p.slurm_job_id for j in jobs for p in j.slurm_jobs if p.state in ("PENDING", "RUNNING", "UNKNOWN")]
+        obj.client.cancel(sorted(set(live)))
+        for job in jobs:
+            if not job.state.final:
+                add_event(session, job, "cancelled", f"by {current_user()}")
+                job.state = JobState.CANCELLED
+                for part in job.slurm_jobs:
+                    if part.state in ("PENDING", "RUNNING", "UNKNOWN"):
+                        part.state = "CANCELLED"
+            click.echo(f"{job.id}\t{job.name}\tCANCELLED")

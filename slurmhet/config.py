@@ -1,0 +1,111 @@
+"""One typed settings object: defaults < /etc/slurmhet/config.yaml < user file < environment < CLI.
+
+Sites set the database, admin group and Slurm overrides once in /etc; users may
+point at their own database or state directory; tests use the environment.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from slurmhet.errors import InputError
+
+SYSTEM_CONFIG = Path("/etc/slurmhet/config.yaml")
+
+
+def _xdg_state_home(env: Mapping[str, str]) -> Path:
+    base = env.get("XDG_STATE_HOME") or str(Path(env.get("HOME", "~")).expanduser() / ".local" / "state")
+    return Path(base) / "slurmhet"
+
+
+@dataclass(frozen=True)
+class SlurmOverrides:
+    """Values that replace what the site profile probes (for sites where probing lies)."""
+
+    gpu_request_style: str | None = None  # "gres" or "gpus-per-node"
+    max_array_size: int | None = None
+    max_submit_jobs: int | None = None
+    accounting: bool | None = None
+    partition: str | None = None
+    command_timeout_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class Settings:
+    state_dir: Path
+    database_url: str
+    throughput_table: Path | None = None
+    admin_group: str | None = None
+    default_policy: str = "slurmhet"
+    slurm: SlurmOverrides = field(default_factory=SlurmOverrides)
+
+    @property
+    def log_dir(self) -> Path:
+        return self.state_dir / "logs"
+
+    @property
+    def progress_dir(self) -> Path:
+        return self.state_dir / "progress"
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        data = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise InputError(f"cannot read config: {exc}", place=str(path), hint="fix or remove the file") from exc
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise InputError("config must be a mapping", place=str(path), hint="database_url: sqlite:///...")
+    return data
+
+
+def _apply(settings: Settings, data: Mapping[str, Any], source: str) -> Settings:
+    known = {f.name for f in fields(Settings)}
+    changes: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in known:
+            raise InputError(f"unknown config key {key!r}", place=source, hint="known: " + ", ".join(sorted(known)))
+        if key == "slurm":
+            if not isinstance(value, dict):
+                raise InputError("'slurm' must be a mapping", place=source, hint="slurm: {max_array_size: 1000}")
+            slurm_known = {f.name for f in fields(SlurmOverrides)}
+            bad = [k for k in value if k not in slurm_known]
+            if bad:
+                raise InputError(f"unknown key slurm.{bad[0]}", place=source, hint="known: " + ", ".join(sorted(slurm_known)))
+            style = value.get("gpu_request_style")
+            if style not in (None, "gres", "gpus-per-node"):
+                raise InputError(f"slurm.gpu_request_style {style!r}", place=source, hint="gres | gpus-per-node")
+            changes["slurm"] = replace(settings.slurm, **value)
+        elif key in ("state_dir", "throughput_table"):
+            changes[key] = Path(str(value)).expanduser() if value is not None else None
+        else:
+            changes[key] = value
+    return replace(settings, **changes)
+
+
+def load_settings(env: Mapping[str, str] | None = None, user_file: Path | None = None) -> Settings:
+    """Resolve settings from every layer; the last layer to set a value wins."""
+    env = os.environ if env is None else env
+    state = Path(env["SLURMHET_STATE_DIR"]) if env.get("SLURMHET_STATE_DIR") else _xdg_state_home(env)
+    settings = Settings(state_dir=state, database_url=f"sqlite:///{state / 'slurmhet.db'}")
+    settings = _apply(settings, _read_file(SYSTEM_CONFIG), str(SYSTEM_CONFIG))
+    user = user_file or (Path(env["SLURMHET_CONFIG"]) if env.get("SLURMHET_CONFIG") else
+                         Path(env.get("XDG_CONFIG_HOME") or Path(env.get("HOME", "~")).expanduser() / ".config") / "slurmhet" / "config.yaml")
+    settings = _apply(settings, _read_file(Path(user)), str(user))
+    if env.get("SLURMHET_STATE_DIR"):
+        settings = replace(settings, state_dir=Path(env["SLURMHET_STATE_DIR"]))
+        if "database_url" not in _read_file(Path(user)) and not env.get("SLURMHET_DB"):
+            settings = replace(settings, database_url=f"sqlite:///{settings.state_dir / 'slurmhet.db'}")
+    if env.get("SLURMHET_DB"):
+        settings = replace(settings, database_url=env["SLURMHET_DB"])
+    if env.get("SLURMHET_THROUGHPUT_TABLE"):
+        settings = replace(settings, throughput_table=Path(env["SLURMHET_THROUGHPUT_TABLE"]))
+    return settings

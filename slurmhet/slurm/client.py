@@ -1,0 +1,97 @@
+"""The Slurm client protocol and its command-line adapter (the primary one).
+
+Query and parse are split: this module runs commands through the runner and
+hands their text to the pure parsers. The optional pyslurm adapter
+(``slurmhet.slurm.pyslurm_client``) implements the same protocol.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Protocol, Sequence
+
+from slurmhet.cluster import Node
+from slurmhet.slurm import parsers
+from slurmhet.slurm.parsers import AccountingRecord, QueueRecord
+from slurmhet.slurm.runner import SlurmRunner
+
+_SQUEUE_CHUNK = 500  # ids per query, so thousands of jobs stay within argv limits
+
+
+class SlurmClient(Protocol):
+    """What slurmhet needs from Slurm, whichever way it talks to it."""
+
+    def version(self) -> tuple[int, int, int]: ...
+    def config(self) -> dict[str, str]: ...
+    def nodes(self) -> list[Node]: ...
+    def submit(self, options: Sequence[str], script: str) -> str: ...
+    def queue(self, job_ids: Sequence[str] | None = None) -> list[QueueRecord]: ...
+    def accounting(self, job_ids: Sequence[str] | None = None, since: datetime | None = None,
+                   user: str | None = None) -> list[AccountingRecord]: ...
+    def cancel(self, job_ids: Sequence[str]) -> None: ...
+    def sbatch_help(self) -> str: ...
+
+
+class SlurmCli:
+    """Talks to Slurm through sbatch/squeue/sacct/scontrol/scancel, via one runner."""
+
+    def __init__(self, runner: SlurmRunner, timeout: float = 30.0) -> None:
+        self.runner = runner
+        self.timeout = timeout
+
+    def _run(self, argv: Sequence[str], stdin: str | None = None) -> str:
+        return self.runner.run(argv, stdin=stdin, timeout=self.timeout).stdout
+
+    def version(self) -> tuple[int, int, int]:
+        return parsers.parse_version(self._run(["sinfo", "--version"]))
+
+    def config(self) -> dict[str, str]:
+        return parsers.parse_scontrol_config(self._run(["scontrol", "show", "config"]))
+
+    def nodes(self) -> list[Node]:
+        return parsers.parse_scontrol_nodes(self._run(["scontrol", "show", "nodes", "--oneliner"]))
+
+    def submit(self, options: Sequence[str], script: str) -> str:
+        """Submit ``script`` (read by sbatch from stdin) with ``options``; returns the job id."""
+        return parsers.parse_sbatch_parsable(self._run(["sbatch", "--parsable", *options], stdin=script))
+
+    def queue(self, job_ids: Sequence[str] | None = None) -> list[QueueRecord]:
+        if job_ids is not None and not job_ids:
+            return []
+        if job_ids is None:
+            return parsers.parse_squeue_json(self._run(["squeue", "--all", "--json"]))
+        out: list[QueueRecord] = []
+        ids = sorted(set(job_ids))
+        for start in range(0, len(ids), _SQUEUE_CHUNK):
+            chunk = ids[start:start + _SQUEUE_CHUNK]
+            out += parsers.parse_squeue_json(self._run(["squeue", "--all", "--json", "--jobs", ",".join(chunk)]))
+        wanted = set(ids)
+        return [r for r in out if {r.job_id, r.root_id} & wanted]
+
+    def accounting(self, job_ids: Sequence[str] | None = None, since: datetime | None = None,
+                   user: str | None = None) -> list[AccountingRecord]:
+        base = ["sacct", "--parsable2", "--noheader", "--format=" + ",".join(parsers.SACCT_FIELDS)]
+        if since is not None:
+            base += ["--starttime", since.astimezone().strftime("%Y-%m-%dT%H:%M:%S")]
+        if user is not None:
+            base += ["--user", user]
+        else:
+            base += ["--allusers"]
+        if job_ids is None:
+            if since is None:
+                base += ["--starttime", "1970-01-01"]
+            return parsers.parse_sacct_parsable(self._run(base))
+        if not job_ids:
+            return []
+        out: list[AccountingRecord] = []
+        ids = sorted(set(job_ids))
+        for start in range(0, len(ids), _SQUEUE_CHUNK):
+            out += parsers.parse_sacct_parsable(self._run([*base, "--jobs", ",".join(ids[start:start + _SQUEUE_CHUNK])]))
+        return out
+
+    def cancel(self, job_ids: Sequence[str]) -> None:
+        if job_ids:
+            self._run(["scancel", *job_ids])
+
+    def sbatch_help(self) -> str:
+        return self._run(["sbatch", "--help"])

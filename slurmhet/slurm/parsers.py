@@ -1,0 +1,330 @@
+"""Pure parsers of Slurm command output (22.05 formats), tested on recorded fixtures."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Iterable
+
+from slurmhet.cluster import Node
+from slurmhet.errors import SystemFailure
+
+
+class SlurmOutputError(SystemFailure):
+    """Slurm printed something we cannot read; carries the command and the offending line."""
+
+
+# --------------------------------------------------------------------------- node inventory
+
+
+def split_top_level(text: str, sep: str = ",") -> list[str]:
+    """Split on ``sep`` outside parentheses: ``gpu:v100:2(IDX:0,2),mps:0`` has two entries."""
+    parts, depth, current = [], 0, []
+    for char in text:
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        if char == sep and depth == 0:
+            parts.append("".join(current))
+            current = []
+        else:
+            current.append(char)
+    if current:
+        parts.append("".join(current))
+    return [p for p in (p.strip() for p in parts) if p and p != "(null)"]
+
+
+@dataclass(frozen=True)
+class GresEntry:
+    name: str
+    type: str | None
+    count: int
+
+
+def parse_gres(text: str) -> list[GresEntry]:
+    """Parse a node's ``Gres=`` or a job's ``gres`` string: ``gpu:v100:4(S:0),mps:400``."""
+    out = []
+    for entry in split_top_level(text):
+        bare = entry.split("(", 1)[0]
+        fields = bare.split(":")
+        if len(fields) == 1:
+            out.append(GresEntry(fields[0], None, 1))
+        elif len(fields) == 2:
+            name, second = fields
+            out.append(GresEntry(name, None, int(second)) if second.isdigit() else GresEntry(name, second, 1))
+        else:
+            name, gtype, count = fields[0], fields[1], fields[-1]
+            if not count.isdigit():
+                raise SlurmOutputError(f"cannot read GRES entry {entry!r}")
+            out.append(GresEntry(name, gtype, int(count)))
+    return out
+
+
+def parse_oneliner(line: str) -> dict[str, str]:
+    """``scontrol show ... --oneliner`` line -> dict; values may contain spaces only in known keys."""
+    out: dict[str, str] = {}
+    key = None
+    for token in line.strip().split(" "):
+        if "=" in token and re.match(r"^[A-Za-z][\w/:.]*=", token):
+            key, _, value = token.partition("=")
+            out[key] = value
+        elif key is not None and token:
+            out[key] += " " + token
+    return out
+
+
+def parse_scontrol_nodes(text: str) -> list[Node]:
+    """Parse ``scontrol show nodes --oneliner`` into inventory nodes."""
+    nodes = []
+    for line in text.splitlines():
+        if not line.strip().startswith("NodeName="):
+            continue
+        rec = parse_oneliner(line)
+        gpus: dict[str, int] = {}
+        mps = shards = 0
+        for entry in parse_gres(rec.get("Gres", "")):
+            if entry.name == "gpu":
+                gpus[(entry.type or "gpu").lower()] = gpus.get((entry.type or "gpu").lower(), 0) + entry.count
+            elif entry.name == "mps":
+                mps += entry.count
+            elif entry.name == "shard":
+                shards += entry.count
+        features = tuple(f for f in rec.get("AvailableFeatures", "").split(",") if f and f != "(null)")
+        try:
+            cpus = int(rec.get("CPUTot", "0"))
+            memory = int(rec.get("RealMemory", "0"))
+        except ValueError as exc:
+            raise SlurmOutputError(f"cannot read node line: {line[:120]}") from exc
+        nodes.append(Node(rec["NodeName"], gpus, features, rec.get("State", "UNKNOWN").lower(), cpus, memory,
+                          mps=mps, shards=shards))
+    return nodes
+
+
+# --------------------------------------------------------------------------- sbatch
+
+
+def parse_sbatch_parsable(stdout: str) -> str:
+    """``sbatch --parsable`` prints ``jobid`` or ``jobid;cluster``; return the id."""
+    line = stdout.strip().splitlines()[-1] if stdout.strip() else ""
+    job_id = line.split(";", 1)[0].strip()
+    if not job_id.isdigit():
+        raise SlurmOutputError(f"sbatch --parsable printed {stdout.strip()!r}, not a job id")
+    return job_id
+
+
+# --------------------------------------------------------------------------- job ids
+
+
+@dataclass(frozen=True)
+class SlurmJobId:
+    """A sacct/squeue job id split into its parts: ``123``, ``123+1``, ``123_4``, ``123_4.batch``."""
+
+    job: str
+    het_offset: int | None = None
+    array_task: int | None = None
+    array_pending: str | None = None  # "[5-9%2]" for not-yet-split array tasks
+    step: str | None = None
+
+    @property
+    def is_step(self) -> bool:
+        return self.step is not None
+
+
+_JOB_ID = re.compile(r"^(\d+)(?:\+(\d+))?(?:_(\d+|\[[^\]]*\]))?(?:\.(\w+))?$")
+
+
+def parse_job_id(text: str) -> SlurmJobId:
+    match = _JOB_ID.match(text.strip())
+    if not match:
+        raise SlurmOutputError(f"cannot read Slurm job id {text!r}")
+    job, het, task, step = match.groups()
+    array_task = int(task) if task and task.isdigit() else None
+    pending = task if task and not task.isdigit() else None
+    return SlurmJobId(job, int(het) if het is not None else None, array_task, pending, step)
+
+
+# --------------------------------------------------------------------------- sacct
+
+SACCT_FIELDS = (
+    "JobID", "JobIDRaw", "JobName", "State", "ExitCode", "Submit", "Start", "End", "Elapsed",
+    "AllocTRES", "NodeList", "Comment", "User", "Partition",
+)
+
+
+@dataclass(frozen=True)
+class AccountingRecord:
+    """One sacct row (job, het component, array task or step)."""
+
+    id: SlurmJobId
+    raw_id: str
+    name: str
+    state: str
+    exit_code: str
+    submit: datetime | None
+    start: datetime | None
+    end: datetime | None
+    elapsed_s: int
+    alloc_tres: dict[str, float]
+    nodes: str
+    comment: str
+    user: str
+    partition: str
+
+    def gpus_by_type(self) -> dict[str, int]:
+        """``gres/gpu:t4=2`` entries of AllocTRES, as {type: count}."""
+        return {k.split(":", 1)[1]: int(v) for k, v in self.alloc_tres.items() if k.startswith("gres/gpu:")}
+
+
+def parse_slurm_time(text: str) -> datetime | None:
+    text = text.strip()
+    if text in ("", "Unknown", "None", "N/A"):
+        return None
+    try:
+        return datetime.strptime(text, "%Y-%m-%dT%H:%M:%S").astimezone(timezone.utc)
+    except ValueError as exc:
+        raise SlurmOutputError(f"cannot read Slurm time {text!r}") from exc
+
+
+def parse_elapsed(text: str) -> int:
+    """``[D-]HH:MM:SS`` or ``MM:SS`` -> seconds."""
+    text = text.strip()
+    if not text:
+        return 0
+    days = 0
+    if "-" in text:
+        day_text, text = text.split("-", 1)
+        days = int(day_text)
+    parts = [int(p) for p in text.split(":")]
+    while len(parts) < 3:
+        parts.insert(0, 0)
+    hours, minutes, seconds = parts
+    return ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+
+
+def parse_tres(text: str) -> dict[str, float]:
+    """``billing=1,cpu=1,gres/gpu:t4=2,gres/gpu=2,mem=250M,node=1`` -> dict (mem in MB)."""
+    out: dict[str, float] = {}
+    for item in split_top_level(text):
+        key, _, value = item.partition("=")
+        multiplier = {"K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0 ** 2}.get(value[-1:], None)
+        try:
+            out[key] = float(value[:-1]) * multiplier if multiplier else float(value)
+        except ValueError as exc:
+            raise SlurmOutputError(f"cannot read TRES entry {item!r}") from exc
+    return out
+
+
+def parse_sacct_parsable(stdout: str, fields: Iterable[str] = SACCT_FIELDS) -> list[AccountingRecord]:
+    """Parse ``sacct --parsable2 --noheader --format=<SACCT_FIELDS>``."""
+    names = list(fields)
+    out = []
+    for number, line in enumerate(stdout.splitlines(), 1):
+        if not line.strip():
+            continue
+        cells = line.split("|")
+        if len(cells) != len(names):
+            raise SlurmOutputError(f"sacct line {number}: {len(cells)} fields, expected {len(names)}: {line[:120]!r}")
+        row = dict(zip(names, cells))
+        out.append(
+            AccountingRecord(
+                id=parse_job_id(row["JobID"]),
+                raw_id=row["JobIDRaw"],
+                name=row["JobName"],
+                state=row["State"].split(" ", 1)[0],
+                exit_code=row["ExitCode"],
+                submit=parse_slurm_time(row["Submit"]),
+                start=parse_slurm_time(row["Start"]),
+                end=parse_slurm_time(row["End"]),
+                elapsed_s=parse_elapsed(row["Elapsed"]),
+                alloc_tres=parse_tres(row["AllocTRES"]),
+                nodes=row["NodeList"],
+                comment=row["Comment"],
+                user=row["User"],
+                partition=row["Partition"],
+            )
+        )
+    return out
+
+
+# --------------------------------------------------------------------------- squeue
+
+
+@dataclass(frozen=True)
+class QueueRecord:
+    """One job as squeue sees it (live, not yet in or ahead of accounting)."""
+
+    job_id: str
+    het_job_id: str | None
+    het_offset: int | None
+    array_job_id: str | None
+    array_task: int | None
+    name: str
+    state: str
+    reason: str
+    comment: str
+    user: str
+    nodes: str
+
+    @property
+    def root_id(self) -> str:
+        """The id sbatch printed: the het leader or array master, else the job itself."""
+        return self.het_job_id or self.array_job_id or self.job_id
+
+
+def _num(value: Any) -> int | None:
+    """squeue --json numbers are plain ints in 22.05 and {set, infinite, number} later."""
+    if isinstance(value, dict):
+        return int(value["number"]) if value.get("set", True) and not value.get("infinite") else None
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def parse_squeue_json(stdout: str) -> list[QueueRecord]:
+    try:
+        data = json.loads(stdout)
+    except json.JSONDecodeError as exc:
+        raise SlurmOutputError(f"squeue --json printed invalid JSON: {exc}") from exc
+    out = []
+    for job in data.get("jobs", []):
+        state = job.get("job_state")
+        state = state[0] if isinstance(state, list) and state else state
+        het_id = _num(job.get("het_job_id"))
+        array_id = _num(job.get("array_job_id"))
+        array_task = _num(job.get("array_task_id"))
+        out.append(
+            QueueRecord(
+                job_id=str(_num(job.get("job_id"))),
+                het_job_id=str(het_id) if het_id else None,
+                het_offset=_num(job.get("het_job_offset")) if het_id else None,
+                array_job_id=str(array_id) if array_id else None,
+                array_task=array_task if array_id else None,
+                name=str(job.get("name", "")),
+                state=str(state or "UNKNOWN"),
+                reason=str(job.get("state_reason", "")),
+                comment=str(job.get("comment", "") or ""),
+                user=str(job.get("user_name", "")),
+                nodes=str(job.get("nodes", "") or ""),
+            )
+        )
+    return out
+
+
+def parse_scontrol_config(text: str) -> dict[str, str]:
+    """``scontrol show config`` -> {Key: value}."""
+    out = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() and " " not in key.strip():
+            out[key.strip()] = value.strip()
+    return out
+
+
+def parse_version(text: str) -> tuple[int, int, int]:
+    """``slurm 22.05.8`` -> (22, 5, 8)."""
+    match = re.search(r"(\d+)\.(\d+)\.(\d+)", text)
+    if not match:
+        raise SlurmOutputError(f"cannot read Slurm version from {text.strip()!r}")
+    major, minor, patch = match.groups()
+    return int(major), int(minor), int(patch)

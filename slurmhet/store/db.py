@@ -1,0 +1,131 @@
+"""Engine, migrations and the one-transaction-per-command session.
+
+Migrations run automatically on open, under a lock (a file lock for SQLite, an
+advisory lock for PostgreSQL) so fifty concurrent ``slurmhet submit`` processes
+on a fresh database do not race each other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+from pathlib import Path
+from typing import Iterator
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, create_engine, event, text
+from sqlalchemy.exc import OperationalError, SQLAlchemyError
+from sqlalchemy.orm import Session, sessionmaker
+
+from slurmhet.errors import SystemFailure
+
+MIGRATIONS = Path(__file__).with_name("migrations")
+_PG_MIGRATION_LOCK = 0x51A7E7  # arbitrary, constant advisory-lock key
+
+
+def _alembic_config(engine: Engine) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.attributes["engine"] = engine
+    return cfg
+
+
+def _sqlite_connect(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+    # pysqlite must not open transactions itself: our BEGIN IMMEDIATE is the only BEGIN,
+    # so a command's read-then-write cannot interleave with another process's.
+    dbapi_conn.isolation_level = None
+    cursor = dbapi_conn.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+def _sqlite_begin(conn) -> None:  # type: ignore[no-untyped-def]
+    conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def make_engine(url: str) -> Engine:
+    if not url.startswith("sqlite"):
+        return create_engine(url, pool_pre_ping=True)
+    path = url.split("///", 1)[-1]
+    if path and path != ":memory:":
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url, connect_args={"timeout": 30})
+    event.listen(engine, "connect", _sqlite_connect)
+    event.listen(engine, "begin", _sqlite_begin)
+    return engine
+
+
+def _at_head(engine: Engine) -> bool:
+    head = ScriptDirectory.from_config(_alembic_config(engine)).get_current_head()
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision() == head
+
+
+@contextlib.contextmanager
+def _migration_lock(engine: Engine) -> Iterator[None]:
+    if engine.dialect.name == "sqlite":
+        db_path = engine.url.database
+        lock_path = Path(db_path + ".migrate.lock") if db_path and db_path != ":memory:" else None
+        if lock_path is None:
+            yield
+            return
+        with open(lock_path, "w") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+        return
+    with engine.connect() as conn:
+        conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": _PG_MIGRATION_LOCK})
+        conn.commit()
+        try:
+            yield
+        finally:
+            conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": _PG_MIGRATION_LOCK})
+            conn.commit()
+
+
+def migrate(engine: Engine) -> None:
+    """Bring the schema to head; cheap when it already is."""
+    if _at_head(engine):
+        return
+    with _migration_lock(engine):
+        if not _at_head(engine):
+            command.upgrade(_alembic_config(engine), "head")
+
+
+class Database:
+    """An opened, migrated database; ``transaction()`` gives the one session a command uses."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        try:
+            self.engine = make_engine(url)
+            migrate(self.engine)
+        except OperationalError as exc:
+            raise SystemFailure(f"cannot open the slurmhet database {self.safe_url}: {exc.orig}") from exc
+        except SQLAlchemyError as exc:
+            raise SystemFailure(f"database error on {self.safe_url}: {exc}") from exc
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @property
+    def safe_url(self) -> str:
+        return self.engine.url.render_as_string(hide_password=True) if hasattr(self, "engine") else self.url
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Session]:
+        """Commit everything the block did, or nothing."""
+        session = self._sessions()
+        try:
+            with session.begin():
+                yield session
+        except OperationalError as exc:
+            raise SystemFailure(f"database error on {self.safe_url}: {exc.orig}") from exc
+        finally:
+            session.close()
+
+    def dispose(self) -> None:
+        self.engine.dispose()

@@ -1,0 +1,95 @@
+"""SQLAlchemy 2 models: slurmhet jobs, the Slurm jobs each maps to, and an event log."""
+
+from __future__ import annotations
+
+import enum
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import JSON, DateTime, Enum, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class JobState(str, enum.Enum):
+    """A slurmhet job's life; SUBMIT_FAILED keeps Slurm's refusal and is retried by replan."""
+
+    PENDING = "PENDING"  # stored, not yet (or no longer) submitted
+    SUBMITTED = "SUBMITTED"  # Slurm has it, not yet started
+    RUNNING = "RUNNING"
+    SUBMIT_FAILED = "SUBMIT_FAILED"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def final(self) -> bool:
+        return self in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    name: Mapped[str] = mapped_column(String(200))
+    owner: Mapped[str] = mapped_column(String(64), index=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    source: Mapped[str] = mapped_column(Text, default="")
+    state: Mapped[JobState] = mapped_column(Enum(JobState, native_enum=False, length=16), index=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    plan: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    predicted_jct_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+    slurm_jobs: Mapped[list["SlurmJob"]] = relationship(back_populates="job", cascade="all, delete-orphan",
+                                                        order_by="SlurmJob.id")
+
+
+class SlurmJob(Base):
+    """One Slurm-side part of a slurmhet job: a batch job, a het component, an array task or a consolidation."""
+
+    __tablename__ = "slurm_jobs"
+    __table_args__ = (UniqueConstraint("job_id", "slurm_job_id", "array_task", "het_offset", name="uq_slurm_part"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
+    slurm_job_id: Mapped[str] = mapped_column(String(32), index=True)
+    role: Mapped[str] = mapped_column(String(16), default="batch")  # batch|het|array|consolidation|pack
+    round: Mapped[int] = mapped_column(Integer, default=0)
+    array_task: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    het_offset: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    gpu_type: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    gpu_count: Mapped[int] = mapped_column(Integer, default=0)
+    nodes: Mapped[str] = mapped_column(Text, default="")
+    state: Mapped[str] = mapped_column(String(32), default="PENDING")
+    reason: Mapped[str] = mapped_column(Text, default="")
+    exit_code: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    alloc_tres: Mapped[str] = mapped_column(Text, default="")
+    submitted_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    argv: Mapped[list[str]] = mapped_column(JSON, default=list)
+
+    job: Mapped[Job] = relationship(back_populates="slurm_jobs")
+
+
+class Event(Base):
+    __tablename__ = "events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), nullable=True, index=True)
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    kind: Mapped[str] = mapped_column(String(32))
+    message: Mapped[str] = mapped_column(Text, default="")
+    data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

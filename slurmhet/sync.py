@@ -1,0 +1,128 @@
+"""Bring stored job states up to date from Slurm, in batched queries.
+
+squeue answers for live jobs; whatever it no longer lists is read from sacct,
+which lags squeue, so a part missing from both keeps its state until next time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Iterable
+
+from sqlalchemy.orm import Session
+
+from slurmhet.slurm.client import SlurmClient
+from slurmhet.slurm.parsers import AccountingRecord, QueueRecord
+from slurmhet.store.models import Job, JobState, SlurmJob
+from slurmhet.store.records import add_event
+
+_FAILED = {"FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+_LIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "STOPPED"}
+FINAL_PART_STATES = _FAILED | {"COMPLETED", "CANCELLED"}
+
+
+@dataclass(frozen=True)
+class PartStatus:
+    state: str
+    reason: str = ""
+    nodes: str = ""
+    exit_code: str | None = None
+    alloc_tres: str = ""
+    start: datetime | None = None
+    end: datetime | None = None
+
+
+def _matches(part: SlurmJob, het_offset: int | None, array_task: int | None) -> bool:
+    return (part.het_offset is None or part.het_offset == het_offset) and (
+        part.array_task is None or part.array_task == array_task
+    )
+
+
+def _combine(states: list[str]) -> str:
+    """Several Slurm records for one part (het components, array tasks) -> one state."""
+    if any(s in _LIVE for s in states):
+        return "RUNNING" if any(s in ("RUNNING", "COMPLETING", "CONFIGURING") for s in states) else "PENDING"
+    if any(s in _FAILED for s in states):
+        return "FAILED"
+    if any(s == "CANCELLED" for s in states):
+        return "CANCELLED"
+    return "COMPLETED" if states else "UNKNOWN"
+
+
+def status_from_queue(part: SlurmJob, records: list[QueueRecord]) -> PartStatus | None:
+    mine = [r for r in records if r.root_id == part.slurm_job_id and _matches(part, r.het_offset, r.array_task)]
+    if not mine:
+        return None
+    return PartStatus(_combine([r.state for r in mine]), reason=mine[0].reason if mine[0].reason != "None" else "",
+                      nodes=",".join(sorted({r.nodes for r in mine if r.nodes})))
+
+
+def status_from_accounting(part: SlurmJob, records: list[AccountingRecord]) -> PartStatus | None:
+    mine = [r for r in records if r.id.job == part.slurm_job_id and not r.id.is_step
+            and _matches(part, r.id.het_offset, r.id.array_task)]
+    if not mine:
+        return None
+    starts = [r.start for r in mine if r.start]
+    ends = [r.end for r in mine if r.end]
+    state = _combine([r.state for r in mine])
+    exit_codes = [r.exit_code for r in mine if r.exit_code not in ("0:0", "")]
+    return PartStatus(
+        state,
+        nodes=",".join(sorted({r.nodes for r in mine if r.nodes and r.nodes != "None assigned"})),
+        exit_code=exit_codes[0] if exit_codes else "0:0",
+        alloc_tres=";".join(",".join(f"{k}={v:g}" for k, v in sorted(r.alloc_tres.items())) for r in mine),
+        start=min(starts) if starts else None,
+        end=max(ends) if state in FINAL_PART_STATES and ends else None,
+    )
+
+
+def job_state_from_parts(parts: Iterable[SlurmJob]) -> JobState | None:
+    states = [p.state for p in parts if p.role != "superseded"]
+    if not states:
+        return None
+    if any(s == "RUNNING" for s in states):
+        return JobState.RUNNING
+    if any(s in ("PENDING", "UNKNOWN") for s in states):
+        return JobState.SUBMITTED
+    if any(s == "FAILED" for s in states):
+        return JobState.FAILED
+    if any(s == "CANCELLED" for s in states):
+        return JobState.CANCELLED
+    return JobState.COMPLETED
+
+
+def sync_jobs(session: Session, client: SlurmClient, jobs: list[Job]) -> int:
+    """Refresh parts of non-final jobs; returns how many jobs changed state."""
+    live_parts = [p for job in jobs if not job.state.final for p in job.slurm_jobs
+                  if p.state not in FINAL_PART_STATES and p.role != "superseded"]
+    if not live_parts:
+        return 0
+    ids = sorted({p.slurm_job_id for p in live_parts})
+    queue = client.queue(ids)
+    missing = [p for p in live_parts if status_from_queue(p, queue) is None]
+    accounting = client.accounting(sorted({p.slurm_job_id for p in missing})) if missing else []
+    for part in live_parts:
+        status = status_from_queue(part, queue) or status_from_accounting(part, accounting)
+        if status is None:
+            continue
+        part.state, part.reason = status.state, status.reason
+        part.nodes = status.nodes or part.nodes
+        part.exit_code = status.exit_code or part.exit_code
+        part.alloc_tres = status.alloc_tres or part.alloc_tres
+        part.started_at = status.start or part.started_at
+        part.ended_at = status.end or part.ended_at
+    changed = 0
+    for job in jobs:
+        if job.state.final or job.state in (JobState.PENDING, JobState.SUBMIT_FAILED):
+            continue
+        new = job_state_from_parts(job.slurm_jobs)
+        if new is not None and new != job.state:
+            add_event(session, job, "state", f"{job.state.value} -> {new.value}")
+            job.state = new
+            starts = [p.started_at for p in job.slurm_jobs if p.started_at]
+            ends = [p.ended_at for p in job.slurm_jobs if p.ended_at]
+            job.started_at = min(starts) if starts else job.started_at
+            job.ended_at = max(ends) if new.final and ends else job.ended_at
+            changed += 1
+    return changed

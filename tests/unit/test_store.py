@@ -1,0 +1,72 @@
+"""The store: migrations on open, one transaction per command, SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import multiprocessing
+from pathlib import Path
+
+import pytest
+from sqlalchemy import inspect, text
+
+from slurmhet.spec import load_text
+from slurmhet.store import Database, JobState, SlurmJob, add_event, create_job, get_job, list_jobs
+
+SPEC = load_text("name: a\ncommand: [x]\nworkload: {model: m, batch_size: 2}\nwork: {steps: 3}\n", "f.yaml")[0]
+
+
+def _exercise(db: Database) -> None:
+    with db.transaction() as session:
+        job = create_job(session, SPEC, "alice", "f.yaml")
+        job.slurm_jobs.append(SlurmJob(slurm_job_id="17", role="het", het_offset=1, gpu_type="t4", gpu_count=2))
+        job_id = job.id
+    with db.transaction() as session:
+        again = get_job(session, job_id)
+        assert again is not None and again.state is JobState.PENDING
+        assert again.spec["name"] == "a" and again.slurm_jobs[0].het_offset == 1
+        assert list(session.scalars(text("SELECT kind FROM events"))) == ["stored"]
+    with pytest.raises(RuntimeError):
+        with db.transaction() as session:
+            create_job(session, SPEC, "bob", "f.yaml")
+            raise RuntimeError("half-way")
+    with db.transaction() as session:
+        assert [j.owner for j in list_jobs(session)] == ["alice"]  # nothing half-written
+        assert list_jobs(session, owner="bob") == []
+        add_event(session, None, "replan", "ok")
+
+
+def test_sqlite_store_migrates_and_rolls_back(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    assert {"jobs", "slurm_jobs", "events", "alembic_version"} <= set(inspect(db.engine).get_table_names())
+    _exercise(db)
+    Database(f"sqlite:///{tmp_path}/s.db")  # reopening at head is a no-op
+
+
+def _open_and_store(url: str) -> int:
+    db = Database(url)
+    with db.transaction() as session:
+        return create_job(session, SPEC, "p", "f").id
+
+
+def test_sqlite_concurrent_first_open(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/c.db"
+    with multiprocessing.get_context("spawn").Pool(6) as pool:
+        ids = pool.map(_open_and_store, [url] * 12)
+    assert sorted(ids) == list(range(1, 13))
+
+
+@pytest.mark.postgres
+def test_postgres_store(pg_url: str) -> None:
+    db = Database(pg_url)
+    with db.engine.begin() as conn:
+        conn.execute(text("TRUNCATE jobs, slurm_jobs, events RESTART IDENTITY CASCADE"))
+    _exercise(db)
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        ids = pool.map(_open_and_store, [pg_url] * 8)
+    assert len(set(ids)) == 8
+
+
+def test_unreachable_database_is_a_system_failure() -> None:
+    from slurmhet.errors import SystemFailure
+
+    with pytest.raises(SystemFailure, match="cannot open the slurmhet database"):
+        Database("postgresql+psycopg://nobody@127.0.0.1:1/none")
