@@ -236,3 +236,12 @@ def cancel(obj: Context, job_ids: tuple[int, ...]) -> None:
                     if part.state in ("PENDING", "RUNNING", "UNKNOWN"):
                         part.state = "CANCELLED"
             click.echo(f"{job.id}\t{job.name}\tCANCELLED")
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False})
+@click.argument("argv", nargs=-1, type=click.UNPROCESSED, required=True)
+def run(argv: tuple[str, ...]) -> None:
+    """Run CMD as one rank of the planned job (used by every emitted script)."""
+    from slurmhet.runtime.launcher import launch
+
+    sys.exit(launch(list(argv)))

@@ -1,0 +1,58 @@
+"""Drive the real `slurmhet` CLI against the dev cluster, as a user would."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from slurmhet.slurm.client import SlurmCli
+from slurmhet.slurm.parsers import AccountingRecord
+from slurmhet.slurm.runner import SubprocessRunner
+
+SLURMHET = [sys.executable, "-m", "slurmhet"]
+
+
+def cli(*args: str, state: Path, check: bool = True, env: dict[str, str] | None = None,
+        cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "SLURMHET_STATE_DIR": str(state), **(env or {})}
+    full_env.pop("SLURMHET_DB", None) if "SLURMHET_DB" not in (env or {}) else None
+    proc = subprocess.run([*SLURMHET, *args], capture_output=True, text=True, env=full_env, cwd=cwd, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"slurmhet {' '.join(args)} -> {proc.returncode}\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def status(state: Path, **kw: Any) -> dict[int, dict[str, Any]]:
+    out = cli("status", "--json", state=state, **kw)
+    return {row["id"]: row for row in json.loads(out.stdout)["jobs"]}
+
+
+def wait_for(state: Path, job_ids: list[int], final: tuple[str, ...] = ("COMPLETED", "FAILED", "CANCELLED"),
+             timeout: float = 180) -> dict[int, dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = status(state)
+        if all(rows[i]["state"] in final for i in job_ids):
+            return rows
+        if time.monotonic() > deadline:
+            raise AssertionError(f"jobs {job_ids} not in {final} after {timeout}s: {rows}")
+        time.sleep(1.5)
+
+
+def accounting(slurm_ids: list[str], timeout: float = 60) -> list[AccountingRecord]:
+    """sacct lags squeue: poll until every id has a final, non-step row."""
+    client = SlurmCli(SubprocessRunner())
+    deadline = time.monotonic() + timeout
+    while True:
+        records = client.accounting(slurm_ids)
+        done = {r.id.job for r in records if not r.id.is_step and r.state not in ("PENDING", "RUNNING")}
+        if set(slurm_ids) <= done:
+            return records
+        if time.monotonic() > deadline:
+            raise AssertionError(f"sacct has no final rows for {slurm_ids}: {records}")
+        time.sleep(1.0)

@@ -1,0 +1,102 @@
+"""Pure parsers on outputs recorded from the Slurm 22.05 dev cluster (tests/fixtures/slurm-22.05)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from slurmhet.slurm import parsers
+from slurmhet.slurm.parsers import SlurmOutputError
+
+FIX = Path(__file__).resolve().parent.parent / "fixtures" / "slurm-22.05"
+IDS = json.loads((FIX / "job_ids.json").read_text())
+
+
+def test_node_inventory_from_scontrol() -> None:
+    nodes = {n.name: n for n in parsers.parse_scontrol_nodes((FIX / "scontrol_show_nodes_oneliner_busy.txt").read_text())}
+    assert {k: dict(v.gpus) for k, v in nodes.items()} == {"nodea": {"v100": 4}, "nodeb": {"t4": 4}, "nodec": {"k80": 2}}
+    assert nodes["nodea"].mps == 400 and nodes["nodeb"].shards == 8
+    assert nodes["nodea"].features == ("v100", "volta") and nodes["nodea"].cpus == 4
+    assert nodes["nodeb"].state == "allocated" and nodes["nodeb"].available
+
+
+def test_gres_strings() -> None:
+    assert parsers.parse_gres("gpu:v100:2(IDX:0,2),mps:v100:400(S:0)") == [
+        parsers.GresEntry("gpu", "v100", 2), parsers.GresEntry("mps", "v100", 400)]
+    assert parsers.parse_gres("gpu:4,shard:8") == [parsers.GresEntry("gpu", None, 4), parsers.GresEntry("shard", None, 8)]
+    assert parsers.parse_gres("(null)") == []
+    with pytest.raises(SlurmOutputError):
+        parsers.parse_gres("gpu:v100:x")
+
+
+def test_sbatch_parsable() -> None:
+    assert parsers.parse_sbatch_parsable((FIX / "sbatch_parsable_het.txt").read_text()) == str(IDS["het"])
+    assert parsers.parse_sbatch_parsable("123;cluster\n") == "123"
+    with pytest.raises(SlurmOutputError):
+        parsers.parse_sbatch_parsable("Submitted batch job 12")
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("12", parsers.SlurmJobId("12")),
+    ("9+1", parsers.SlurmJobId("9", het_offset=1)),
+    ("9+0.batch", parsers.SlurmJobId("9", het_offset=0, step="batch")),
+    ("11_3", parsers.SlurmJobId("11", array_task=3)),
+    ("11_[2-5%2]", parsers.SlurmJobId("11", array_pending="[2-5%2]")),
+    ("11_3.0", parsers.SlurmJobId("11", array_task=3, step="0")),
+    ("5.extern", parsers.SlurmJobId("5", step="extern")),
+])
+def test_job_ids(text: str, expected: parsers.SlurmJobId) -> None:
+    assert parsers.parse_job_id(text) == expected
+
+
+def test_sacct_with_steps_het_and_arrays() -> None:
+    records = parsers.parse_sacct_parsable((FIX / "sacct_parsable2_steps.txt").read_text())
+    by_id = {(r.id.job, r.id.het_offset, r.id.array_task, r.id.step): r for r in records}
+    het = str(IDS["het"])
+    assert by_id[(het, 0, None, None)].gpus_by_type() == {"t4": 1}
+    assert by_id[(het, 1, None, None)].gpus_by_type() == {"v100": 1}
+    assert by_id[(het, 1, None, None)].raw_id == str(IDS["het"] + 1)
+    assert by_id[(het, 0, None, "batch")].id.is_step
+    cancelled = by_id[(str(IDS["running_then_cancelled"]), None, None, None)]
+    assert cancelled.state == "CANCELLED" and cancelled.gpus_by_type() == {"k80": 2}
+    assert cancelled.comment == "slurmhet:fx-running" and cancelled.elapsed_s == 3
+    assert by_id[(str(IDS["failed"]), None, None, None)].exit_code == "3:0"
+    assert by_id[(str(IDS["timeout"]), None, None, None)].state == "TIMEOUT"
+    pending = by_id[(str(IDS["pending_then_cancelled"]), None, None, None)]
+    assert pending.start is None and pending.nodes == "None assigned"
+    tasks = sorted(r.id.array_task for r in records if r.id.job == str(IDS["array"]) and not r.id.is_step)
+    assert tasks == [0, 1, 2, 3]
+    assert {r.id.step for r in records if r.id.job == str(IDS["steps"])} == {None, "batch", "extern", "0", "1"}
+    assert by_id[(str(IDS["mps"]), None, None, None)].alloc_tres["gres/mps"] == 100
+
+
+def test_sacct_bad_lines_are_reported() -> None:
+    with pytest.raises(SlurmOutputError, match="sacct line 1: 2 fields"):
+        parsers.parse_sacct_parsable("1|2\n")
+    header = (FIX / "sacct_parsable2_X_header.txt").read_text().splitlines()[0]
+    assert header.split("|") == list(parsers.SACCT_FIELDS)
+
+
+def test_squeue_json_het_array_pending() -> None:
+    records = parsers.parse_squeue_json((FIX / "squeue_mixed.json").read_text())
+    by_job = {r.job_id: r for r in records}
+    het_leader, het_member = by_job[str(IDS["het"])], by_job[str(IDS["het"] + 1)]
+    assert (het_leader.het_offset, het_member.het_offset) == (0, 1)
+    assert het_member.root_id == str(IDS["het"]) and het_member.state == "RUNNING"
+    array_tasks = [r for r in records if r.array_job_id == str(IDS["array"])]
+    assert {r.array_task for r in array_tasks} >= {0, 1} and all(r.root_id == str(IDS["array"]) for r in array_tasks)
+    assert by_job[str(IDS["pending_then_cancelled"])].state == "PENDING"
+    with pytest.raises(SlurmOutputError):
+        parsers.parse_squeue_json("{not json")
+
+
+def test_config_version_and_times() -> None:
+    config = parsers.parse_scontrol_config((FIX / "scontrol_show_config.txt").read_text())
+    assert config["MaxArraySize"] == "1001" and config["SelectType"] == "select/cons_tres"
+    assert parsers.parse_version((FIX / "sinfo_version.txt").read_text()) == (22, 5, 8)
+    assert parsers.parse_elapsed("1-02:03:04") == 93784 and parsers.parse_elapsed("05:06") == 306
+    assert parsers.parse_tres("cpu=1,mem=2G,gres/gpu:t4=2") == {"cpu": 1.0, "mem": 2048.0, "gres/gpu:t4": 2.0}
+    with pytest.raises(SlurmOutputError):
+        parsers.parse_slurm_time("yesterday")
