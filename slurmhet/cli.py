@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import grp
+import importlib.util
 import json
 import os
 import sys
@@ -18,6 +19,7 @@ from slurmhet import spec as specmod
 from slurmhet.cluster import Inventory
 from slurmhet.config import Settings, load_settings
 from slurmhet.errors import InputError, SlurmhetError, SystemFailure
+from slurmhet.slurm import pyslurm_client
 from slurmhet.slurm.client import SlurmCli, SlurmClient
 from slurmhet.slurm.profile import SiteProfile, load_profile
 from slurmhet.slurm.runner import SlurmCommandError, SubprocessRunner
@@ -39,7 +41,12 @@ class Context:
 
     @cached_property
     def client(self) -> SlurmClient:
-        return SlurmCli(self.runner, timeout=self.settings.slurm.command_timeout_s)
+        """The command-line client, or pyslurm's when it is installed and matches this Slurm."""
+        cli = SlurmCli(self.runner, timeout=self.settings.slurm.command_timeout_s)
+        if importlib.util.find_spec("pyslurm") is None:
+            return cli
+        module, _reason = pyslurm_client.available(cli.version())
+        return pyslurm_client.PyslurmClient(module, cli) if module is not None else cli
 
     @cached_property
     def db(self) -> Database:

@@ -1,0 +1,21 @@
+"""Planners: pure functions ``PlanningInput -> Plan`` (see DESIGN.md, seeds 001 and 002).
+
+Use ``POLICIES[key](planning_input, progress=None)``; ``DEFAULT_POLICY`` is
+slurmhet's own planner. :func:`plan_job_from_spec` turns a user's JobSpec into
+the :class:`PlanJob` planners read; :mod:`slurmhet.planner.render` formats plans.
+"""
+
+from slurmhet.planner.bound import Bound, lower_bound
+from slurmhet.planner.colocation import ColocationGroup, speedup
+from slurmhet.planner.model import (
+    Allocation, ColocationSettings, JobPlan, Plan, PlanJob, PlanningInput, Progress, allreduce_seconds,
+    epoch_seconds, jain_fairness, plan_job_from_spec, run_seconds, shard_weights,
+)
+from slurmhet.planner.pipeline import build_problem
+from slurmhet.planner.registry import DEFAULT_POLICY, POLICIES
+
+__all__ = [
+    "Allocation", "Bound", "ColocationGroup", "ColocationSettings", "DEFAULT_POLICY", "JobPlan", "POLICIES", "Plan",
+    "PlanJob", "PlanningInput", "Progress", "allreduce_seconds", "build_problem", "epoch_seconds", "jain_fairness",
+    "lower_bound", "plan_job_from_spec", "run_seconds", "shard_weights", "speedup",
+]

@@ -1,0 +1,169 @@
+"""Baseline policies over time, each as its paper describes it.
+
+- ``GavelFifo`` (Hare's Gavel_FIFO, Gavel's fifo_perf): arrival order, the fastest GPU type
+  with enough idle GPUs, otherwise the head job waits; non-preemptive.
+- ``Srtf``: shortest remaining time (on the job's fastest type) first, preemptive at events.
+- ``SchedHomo`` (Hare's Sched_Homo): weighted shortest processing time (Smith's rule) with
+  heterogeneity-oblivious durations (mean over types), type-blind, job-level non-preemptive.
+- ``Tiresias``: discretised 2-queue least-attained-service (GPU-seconds), FIFO inside a queue,
+  PromoteKnob off, type-blind, preemptive each round.
+- ``YarnCs``: YARN's capacity scheduler: FIFO, non-preemptive, type-blind, head-of-line blocking.
+- ``FirstFit``, ``ListScheduling``, ``RandomPlacement``: seed 004's FF, LS and RAND, GPU-level plans
+  executed like SJF-BCO's.
+"""
+
+from __future__ import annotations
+
+import pulp
+
+from slurmhet.planner.sjf_bco import Gpu, GpuPlanPolicy, PlanState, bisect_theta, build_plan
+from slurmhet.planner.time_base import ClusterView, Free, JobState, Placement, TimePolicy, greedy_fill
+
+
+def fastest_gang(view: ClusterView, job: JobState, free: Free) -> Placement | None:
+    """The job's full gang on the fastest type that has enough idle GPUs."""
+    for gpu_type in view.runnable_types(job):
+        gang = free.gang_of_type(gpu_type, job.gpus)
+        if gang is not None:
+            return (gang,)
+    return None
+
+
+def blind_gang(view: ClusterView, job: JobState, free: Free) -> Placement | None:
+    """Any idle GPUs, first fit in node order, ignoring speed (only types that can hold the job)."""
+    gang = free.gang_any(job.gpus, view.node_order, view.runnable_types(job))
+    return (gang,) if gang is not None else None
+
+
+class GavelFifo(TimePolicy):
+    key = "gavel-fifo"
+
+    def decide(self, view: ClusterView) -> dict[int, Placement]:
+        return greedy_fill(view, view.jobs, lambda j, f: fastest_gang(view, j, f), preemptive=False, block=True)
+
+
+class Srtf(TimePolicy):
+    key = "srtf"
+
+    def decide(self, view: ClusterView) -> dict[int, Placement]:
+        order = sorted(view.jobs, key=lambda j: (view.remaining_time(j), j.arrival, j.job_id))
+        return greedy_fill(view, order, lambda j, f: fastest_gang(view, j, f), preemptive=True)
+
+
+class SchedHomo(TimePolicy):
+    key = "sched-homo"
+
+    def decide(self, view: ClusterView) -> dict[int, Placement]:
+        types = view.gpu_types()
+
+        def homo_time(job: JobState) -> float:
+            mean = sum(view.rates.type_rate(job.job_type, job.gpus, t) for t in types) / len(types)
+            return job.remaining / mean if mean > 0 else float("inf")
+
+        order = sorted(view.jobs, key=lambda j: (homo_time(j) / j.weight, j.arrival, j.job_id))
+        return greedy_fill(view, order, lambda j, f: blind_gang(view, j, f), preemptive=False)
+
+
+class Tiresias(TimePolicy):
+    key = "tiresias"
+    round_based = True
+    #: Attained GPU-seconds that demote a job to the second queue.
+    threshold = 3600.0
+
+    def decide(self, view: ClusterView) -> dict[int, Placement]:
+        order = sorted(view.jobs, key=lambda j: (j.attained_gpu_s >= self.threshold, j.arrival, j.job_id))
+        return greedy_fill(view, order, lambda j, f: blind_gang(view, j, f), preemptive=True)
+
+
+class YarnCs(TimePolicy):
+    key = "yarn-cs"
+
+    def decide(self, view: ClusterView) -> dict[int, Placement]:
+        return greedy_fill(view, view.jobs, lambda j, f: blind_gang(view, j, f), preemptive=False, block=True)
+
+
+def _first_fit(state: PlanState, job: JobState, theta: float, rho: float) -> list[Gpu] | None:
+    ok = [g for g in sorted(state.load) if state.load[g] + rho <= theta]
+    return ok[: job.gpus] if len(ok) >= job.gpus else None
+
+
+def _least_loaded(state: PlanState, job: JobState, theta: float, rho: float) -> list[Gpu] | None:
+    ok = sorted((g for g in state.load if state.load[g] + rho <= theta), key=lambda g: (state.load[g], g))
+    return ok[: job.gpus] if len(ok) >= job.gpus else None
+
+
+class FirstFit(GpuPlanPolicy):
+    """FF (seed 004): the first G_j GPUs within the limit, server by server; theta by bisection."""
+
+    key = "ff"
+    picker = staticmethod(_first_fit)
+
+    def plan_jobs(self, view: ClusterView, jobs: list[JobState], state: PlanState) -> dict[int, list[Gpu]]:
+        return bisect_theta(view, jobs, state, lambda theta: [build_plan(view, jobs, state, theta, self.picker)])
+
+
+class ListScheduling(FirstFit):
+    """LS (seed 004): the G_j least-loaded GPUs within the limit, wherever they are."""
+
+    key = "ls"
+    picker = staticmethod(_least_loaded)
+
+
+class RandomPlacement(GpuPlanPolicy):
+    """RAND (seed 004): random servers and GPUs, limit theta = T (no bisection)."""
+
+    key = "rand"
+
+    def plan_jobs(self, view: ClusterView, jobs: list[JobState], state: PlanState) -> dict[int, list[Gpu]]:
+        def pick(s: PlanState, job: JobState, theta: float, rho: float) -> list[Gpu]:
+            return self.rng.sample(sorted(s.load), job.gpus)
+
+        found = build_plan(view, jobs, state, float("inf"), pick)
+        assert found is not None
+        return found[1]
+
+
+class SchedAllox(TimePolicy):
+    """Sched_Allox (AlloX, via Hare): min-cost bipartite matching of jobs to (GPU type, position).
+
+    Job j at the p-th position from the end of type g's queue costs p * t_jg (it delays p
+    jobs), with t_jg its run time on type g scaled by the share of g it occupies; the
+    assignment LP is integral. Each type then starts its matched jobs, last position
+    first, while whole gangs fit. Job-level, non-preemptive, no intra-job parallelism.
+    """
+
+    key = "sched-allox"
+    #: Waiting jobs considered per matching (the oldest), to bound the LP.
+    window = 40
+
+    def decide(self, view: ClusterView) -> dict[int, Placement]:
+        out = self.keep_running(view)
+        waiting = [j for j in view.jobs if not j.running][: self.window]
+        if not waiting:
+            return out
+        capacity = view.type_capacity()
+        cost = {}
+        for job in waiting:
+            for g, c in capacity.items():
+                rate = view.rates.type_rate(job.job_type, job.gpus, g)
+                if rate > 0 and c >= job.gpus:
+                    for p in range(1, len(waiting) + 1):
+                        cost[(job.job_id, g, p)] = p * job.remaining / rate * job.gpus / c
+        problem = pulp.LpProblem("allox_matching", pulp.LpMinimize)
+        x = {k: pulp.LpVariable(f"x_{k[0]}_{k[1]}_{k[2]}", 0, 1) for k in cost}
+        problem += pulp.lpSum(cost[k] * x[k] for k in x)
+        for job in waiting:
+            problem += pulp.lpSum(v for k, v in x.items() if k[0] == job.job_id) == 1
+        for g in capacity:
+            for p in range(1, len(waiting) + 1):
+                problem += pulp.lpSum(v for k, v in x.items() if k[1] == g and k[2] == p) <= 1
+        problem.solve(pulp.HiGHS(msg=False))
+        matched = sorted((k for k, v in x.items() if (v.value() or 0) > 0.5), key=lambda k: (-k[2], k[0]))
+        by_id = {j.job_id: j for j in waiting}
+        free = view.free(out.values())
+        for job_id, g, _ in matched:
+            gang = free.gang_of_type(g, by_id[job_id].gpus)
+            if gang is not None:
+                free.take((gang,))
+                out[job_id] = (gang,)
+        return out

@@ -1,0 +1,137 @@
+"""Co-location of small jobs on one GPU under MPS (seed 002, chapters 4-5).
+
+The speedup of a group S sharing a GPU is eq. (4.1):
+``delta = sum_j t_j / max_j t'_j`` with t the per-iteration time alone and t'
+co-located. Where Gavel measured the pair on that GPU type, t' comes from the
+measurement; otherwise from the thesis's linear model over the summed kernel
+occupancy C (eq. 4.3) and weighted memory-bandwidth M (eq. 4.2) of the
+members' profiles (see :class:`~slurmhet.planner.model.ColocationSettings`).
+Without either, nothing is predicted and nothing is co-located.
+
+Grouping follows Algorithm 2 of chapter 5: candidates in ascending occupancy go
+to the GPU whose summed occupancy is lowest; the loop stops at the first
+placement predicted below ``delta = 1 + margin``. Only jobs whose spec allows
+co-location, that use exactly one GPU and that state their GPU memory are
+candidates; a group never exceeds the GPU's memory. Groups run under MPS.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Mapping, Sequence
+
+from slurmhet.cluster import Inventory
+from slurmhet.errors import InputError
+from slurmhet.planner.model import Allocation, ColocationSettings, JobPlan, PlanJob, run_seconds
+from slurmhet.throughput import ThroughputTable
+
+
+@dataclass(frozen=True)
+class ColocationGroup:
+    """Jobs sharing one GPU; ``slowdown[i]`` is t'_i / t_i of member i."""
+
+    id: str
+    node: str
+    gpu_type: str
+    job_ids: tuple[str, ...]
+    delta: float
+    slowdown: tuple[float, ...]
+    source: str
+
+
+def eligible(job: PlanJob) -> bool:
+    """Only jobs that allow it, run on one GPU and declare their memory (so it can be checked)."""
+    return job.colocate and job.max_gpus == 1 and job.gpu_memory_gb is not None
+
+
+def speedup(jobs: Sequence[PlanJob], gpu_type: str, table: ThroughputTable,
+            settings: ColocationSettings) -> tuple[float, tuple[float, ...], str] | None:
+    """Predicted (delta, per-member slowdown, source) of running ``jobs`` together, or None if unknown."""
+    try:
+        alone = [table.get(j.workload, gpu_type).value for j in jobs]
+    except InputError:
+        return None
+    t = [j.global_batch / r for j, r in zip(jobs, alone)]
+    if len(jobs) == 2:
+        pair = table.colocated(jobs[0].workload, jobs[1].workload, gpu_type)
+        if pair is not None:
+            t_co = [j.global_batch / r for j, r in zip(jobs, pair)]
+            return sum(t) / max(t_co), tuple(tc / ti for tc, ti in zip(t_co, t)), f"measured pair on {gpu_type}"
+    profiles = [table.profile(j.workload) for j in jobs]
+    if any(p is None for p in profiles):
+        return None
+    occupancy = sum(p.occupancy for p in profiles)  # type: ignore[union-attr]
+    membw = sum(p.membw for p in profiles)  # type: ignore[union-attr]
+    delta = settings.delta0 - settings.per_occupancy * occupancy - settings.per_membw * membw
+    if delta <= 0:
+        return 0.0, tuple(math.inf for _ in jobs), "occupancy/bandwidth model"
+    # every member slows alike so that the longest co-located iteration is sum(t) / delta
+    factor = sum(t) / (delta * max(t))
+    return delta, tuple(factor for _ in jobs), "occupancy/bandwidth model"
+
+
+def _memory(inventory: Inventory, node: str, gpu_type: str, table: ThroughputTable) -> float | None:
+    return inventory.node(node).gpu_memory_gb.get(gpu_type) or table.gpu_memory_gb.get(gpu_type)
+
+
+def colocate(hosts: Sequence[JobPlan], jobs: Mapping[str, PlanJob], candidates: Sequence[PlanJob],
+             table: ThroughputTable, inventory: Inventory, settings: ColocationSettings) -> list[ColocationGroup]:
+    """Algorithm 2: put waiting candidates onto GPUs that already run one eligible job."""
+    if not settings.enabled:
+        return []
+    gpus: list[tuple[str, str, list[PlanJob]]] = []
+    for plan in hosts:
+        if plan.allocation is not None and eligible(jobs[plan.job_id]):
+            node, gpu_type, _ = plan.allocation.slots[0]
+            gpus.append((node, gpu_type, [jobs[plan.job_id]]))
+
+    def occupancy(job: PlanJob) -> float:
+        prof = table.profile(job.workload)
+        return prof.occupancy if prof else math.inf
+
+    chosen: list[tuple[str, str, list[PlanJob], float, tuple[float, ...], str]] = []
+    for job in sorted((j for j in candidates if eligible(j)), key=lambda j: (occupancy(j), j.id)):
+        gpus.sort(key=lambda g: (sum(occupancy(m) for m in g[2]), g[0], g[2][0].id))
+        fits = [g for g in gpus if len(g[2]) < settings.max_group
+                and (not job.allowed_types or g[1] in job.allowed_types)
+                and (mem := _memory(inventory, g[0], g[1], table)) is not None
+                and sum(m.gpu_memory_gb or 0 for m in g[2]) + (job.gpu_memory_gb or 0) <= mem]
+        if not fits:
+            break
+        node, gpu_type, members = fits[0]
+        predicted = speedup(members + [job], gpu_type, table, settings)
+        if predicted is None or predicted[0] < 1 + settings.margin:
+            break  # Algorithm 2, line 26: stop before a slowdown
+        members.append(job)
+    for node, gpu_type, members in gpus:
+        if len(members) > 1:
+            delta, slow, source = speedup(members, gpu_type, table, settings)  # type: ignore[misc]
+            chosen.append((node, gpu_type, members, delta, slow, source))
+    chosen.sort(key=lambda c: (c[0], c[2][0].id))
+    return [ColocationGroup(f"coloc-{i + 1}", node, gpu_type, tuple(m.id for m in members), delta, slow, source)
+            for i, (node, gpu_type, members, delta, slow, source) in enumerate(chosen)]
+
+
+def apply_group(group: ColocationGroup, plans: Mapping[str, JobPlan], jobs: Mapping[str, PlanJob],
+                order: int, table: ThroughputTable | None = None, inter_gbps: float = 1.0) -> dict[str, JobPlan]:
+    """Plans of a group's members: the host keeps its GPU and slows down; joiners start now beside it."""
+    host = plans[group.job_ids[0]]
+    out: dict[str, JobPlan] = {}
+    allocation = Allocation(((group.node, group.gpu_type, 1),))
+    for i, job_id in enumerate(group.job_ids):
+        job = jobs[job_id]
+        plan = plans.get(job_id)
+        if plan is None:
+            assert table is not None, "joiners need the table for their run time alone"
+            entry = table.get(job.workload, group.gpu_type)
+            plan = JobPlan(job_id=job_id, allocation=allocation, shard_weights=(1.0,), epoch_seconds=0.0,
+                           run_seconds=run_seconds(job, entry.value, 1, inter_gbps), start_s=host.start_s,
+                           finish_s=host.start_s, jct_s=0.0, order=order + i - 1, weight=job.weight,
+                           priors=(group.gpu_type,) if entry.is_prior else ())
+        run = plan.run_seconds * group.slowdown[i]
+        epoch = run * job.samples_per_epoch / job.samples_remaining
+        out[job_id] = replace(plan, run_seconds=run, epoch_seconds=epoch, finish_s=plan.start_s + run,
+                              jct_s=plan.start_s + run - job.submitted_at, colocation_group=group.id,
+                              needs_mps=True, wait_reason=None)
+    return out

@@ -1,0 +1,162 @@
+"""HAS, the heterogeneity-aware scheduler of seed 001 (section IV), implemented as written.
+
+* Algorithm 1 enumerates the feasible solution categories Psi: every
+  (K_1, ..., K_S) with K_i >= 1 and sum K_i = K, in the paper's odometer order
+  (K_2 turns fastest; K_1 absorbs the rest). :func:`unrank_category` jumps to
+  the r-th category directly, which JPS needs on large K.
+* Algorithm 2 solves each category by a matching market: every job prefers
+  its K_i most valuable workers; while a worker is wanted by several jobs its
+  price rises by ``max(1, max_i (V_i - V_i^k))`` (eq. 22) and valuations become
+  ``rho_ik - p_k`` (eq. 23). The category with the lowest average JCT (eq. 8)
+  wins; shards follow eq. (12).
+
+Like the paper, HAS uses every worker (constraint 8c). Categories that violate
+a job's min/max GPUs or give it a type it may not use are skipped.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Iterator
+
+import numpy as np
+
+from slurmhet.errors import InputError
+from slurmhet.planner.model import Progress
+from slurmhet.planner.problem import Problem
+
+Slots = dict[tuple[int, int], int]
+
+
+class PlannerTimeout(InputError):
+    """A baseline ran past its time cap (the benchmark reports it as null with the cap)."""
+
+    def __init__(self, policy: str, cap_s: float) -> None:
+        super().__init__(f"{policy} ran past its {cap_s:g} s cap", place=f"policy {policy}",
+                         hint="use a sampling policy (jps-*) or the default planner")
+        self.cap_s = cap_s
+
+
+def workers(problem: Problem) -> list[tuple[int, int]]:
+    """The K workers as (node, type), node-major, so ties in the market keep a job on few nodes."""
+    return [(n, t) for n in range(len(problem.nodes)) for t in range(len(problem.types))
+            for _ in range(int(problem.capacity[n, t]))]
+
+
+def category_count(jobs: int, gpus: int) -> int:
+    """|Psi| = C(K-1, S-1) (stars and bars)."""
+    return math.comb(gpus - 1, jobs - 1) if gpus >= jobs >= 1 else 0
+
+
+def categories(jobs: int, gpus: int) -> Iterator[tuple[int, ...]]:
+    """Algorithm 1, literally: start at (K-S+1, 1, ..., 1) and turn the odometer."""
+    k = [gpus - jobs + 1] + [1] * (jobs - 1)
+    seen_first = tuple(k)
+    while True:
+        yield tuple(k)
+        if jobs == 1:
+            return
+        for i in range(1, jobs):  # K_2 turns fastest; a wrap to 1 carries into the next position
+            cap = gpus - i - sum(k[i + 1:])  # eq. (15), 0-based position i is job i+1
+            if k[i] < cap:
+                k[i] += 1
+                break
+            k[i] = 1
+        k[0] = gpus - sum(k[1:])
+        if tuple(k) == seen_first:
+            return
+
+
+def unrank_category(rank: int, jobs: int, gpus: int) -> tuple[int, ...]:
+    """The ``rank``-th category of Algorithm 1's order (0-based) without enumerating the ones before."""
+    k = [0] * jobs
+    remaining = gpus
+    for i in range(jobs - 1, 0, -1):  # most significant digit is K_S
+        value = 1
+        while True:
+            count = math.comb(remaining - value - 1, i - 1)  # ways to fill positions 0..i-1
+            if rank < count:
+                break
+            rank -= count
+            value += 1
+        k[i] = value
+        remaining -= value
+    k[0] = remaining
+    return tuple(k)
+
+
+def market(rho: np.ndarray, sizes: tuple[int, ...]) -> np.ndarray:
+    """Algorithm 2, lines 2-15: the owner (job index) of each worker after the price process."""
+    jobs, count = rho.shape
+    prices = np.zeros(count)
+    gamma = rho.astype(float).copy()
+    while True:
+        prefer = [np.argsort(-gamma[i], kind="stable")[: sizes[i]] for i in range(jobs)]
+        wanted = np.zeros(count, dtype=int)
+        for p in prefer:
+            wanted[p] += 1
+        contested = np.flatnonzero(wanted > 1)
+        if len(contested) == 0:
+            owner = np.full(count, -1)
+            for i, p in enumerate(prefer):
+                owner[p] = i
+            return owner
+        k = int(contested[0])
+        loss = 0.0
+        for i in range(jobs):
+            if k in prefer[i]:
+                row = np.sort(gamma[i])[::-1]
+                v_all = row[: sizes[i]].sum()
+                without = np.sort(np.delete(gamma[i], k))[::-1][: sizes[i]].sum()
+                loss = max(loss, v_all - without)
+        prices[k] += max(1.0, loss)
+        gamma[:, k] = rho[:, k] - prices[k]
+
+
+def category_slots(problem: Problem, sizes: tuple[int, ...], order: list[int],
+                   gpus: list[tuple[int, int]]) -> list[Slots] | None:
+    """Solve one category (``sizes[p]`` workers for job ``order[p]``); None if it breaks a job's limits."""
+    for p, j in enumerate(order):
+        if not problem.lo[j] <= sizes[p] <= problem.hi[j]:
+            return None
+    rho = np.array([[problem.rates[j, t] for _, t in gpus] for j in order])
+    owner = market(rho, sizes)
+    slots: list[Slots] = [dict() for _ in problem.jobs]
+    for (n, t), p in zip(gpus, owner):
+        j = order[p]
+        if not problem.allowed[j, t]:
+            return None
+        slots[j][(n, t)] = slots[j].get((n, t), 0) + 1
+    return slots
+
+
+def total_cost(problem: Problem, slots: list[Slots]) -> float:
+    return sum(problem.alloc_cost(j, s) for j, s in enumerate(slots))
+
+
+def has(problem: Problem, progress: Progress | None = None, cap_s: float = 60.0) -> list[Slots]:
+    """HAS over every category of Psi; raises PlannerTimeout past ``cap_s`` seconds."""
+    gpus = workers(problem)
+    jobs = len(problem.jobs)
+    total = category_count(jobs, len(gpus))
+    if total == 0:
+        raise InputError(f"HAS needs at least one GPU per job ({len(gpus)} GPUs, {jobs} jobs)", place="policy has",
+                         hint="use the default planner, which lets jobs wait")
+    deadline = time.monotonic() + cap_s
+    order = list(range(jobs))
+    best: tuple[float, list[Slots]] | None = None
+    for done, sizes in enumerate(categories(jobs, len(gpus))):
+        if time.monotonic() > deadline:
+            raise PlannerTimeout("has", cap_s)
+        slots = category_slots(problem, sizes, order, gpus)
+        if slots is not None:
+            value = total_cost(problem, slots)
+            if best is None or value < best[0]:
+                best = (value, slots)
+        if progress and done % 64 == 0:
+            progress(done, total, "has: categories")
+    if best is None:
+        raise InputError("no category of Psi respects the jobs' GPU limits", place="policy has",
+                         hint="HAS uses every GPU; relax max_gpus or use the default planner")
+    return best[1]

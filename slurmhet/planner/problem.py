@@ -1,0 +1,129 @@
+"""The numeric view planners optimise over, and node packing.
+
+GPUs of one type are interchangeable, so a job's run time depends only on its
+count vector ``x`` (GPUs per type) and on whether all its ranks sit on one node
+(the bottleneck link of eq. 5). :class:`Problem` holds, for the jobs to place
+now, their rate matrix ``rates[j, t]`` and the free capacity per node and type.
+The objective is the weighted sum of predicted run times (all start now).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from slurmhet.planner.model import Allocation, PlanJob
+
+
+@dataclass
+class Problem:
+    """Jobs to place now on the free GPUs. Arrays: ``rates`` J x T, ``capacity`` N x T."""
+
+    jobs: tuple[PlanJob, ...]
+    types: tuple[str, ...]
+    nodes: tuple[str, ...]
+    capacity: np.ndarray
+    rates: np.ndarray
+    intra_gbps: float
+    inter_gbps: float
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.lo = np.array([j.min_gpus for j in self.jobs], dtype=int)
+        self.hi = np.array([min(j.max_gpus, int(self.capacity.sum())) for j in self.jobs], dtype=int)
+        self.allowed = self.rates > 0
+        self.type_capacity = self.capacity.sum(axis=0)
+        self._weights = np.array([j.weight for j in self.jobs])
+        self._work = np.array([j.samples_remaining for j in self.jobs])
+        self._comm = np.array([j.syncs_remaining * 2.0 * j.model_size_mb / 1000.0 for j in self.jobs])
+
+    @property
+    def size(self) -> tuple[int, int]:
+        return len(self.jobs), len(self.types)
+
+    def fits_one_node(self, x: np.ndarray) -> bool:
+        """Could some node hold all of ``x`` (ignoring other jobs)?"""
+        return bool(np.any(np.all(self.capacity >= x, axis=1)))
+
+    def run_time(self, j: int, rate_sum: float, workers: int, single: bool) -> float:
+        """Eq. (7) for job ``j``; ``single`` picks the intra-node link."""
+        if workers <= 0 or rate_sum <= 0:
+            return float("inf")
+        comm = 0.0
+        if workers > 1 and self._comm[j] > 0:
+            link = self.intra_gbps if single else self.inter_gbps
+            comm = self._comm[j] * (workers - 1) / (workers * link)
+        return float(self._work[j] / rate_sum + comm)
+
+    def cost(self, j: int, x: np.ndarray, single: bool) -> float:
+        """Weighted run time of job ``j`` on count vector ``x``; inf when outside its limits."""
+        k = int(x.sum())
+        if k < self.lo[j] or k > self.hi[j] or np.any(x[~self.allowed[j]] > 0) or np.any(x < 0):
+            return float("inf")
+        return float(self._weights[j]) * self.run_time(j, float(self.rates[j] @ x), k, single)
+
+    def alloc_cost(self, j: int, slots: dict[tuple[int, int], int]) -> float:
+        """Weighted run time of an actual node placement (``(node, type) -> count``)."""
+        x = np.zeros(len(self.types), dtype=int)
+        for (_, t), c in slots.items():
+            x[t] += c
+        return self.cost(j, x, len({n for (n, _), c in slots.items() if c > 0}) <= 1)
+
+    def to_allocation(self, slots: dict[tuple[int, int], int]) -> Allocation:
+        return Allocation.of({(self.nodes[n], self.types[t]): c for (n, t), c in slots.items()})
+
+    def counts(self, allocation: Allocation) -> np.ndarray:
+        x = np.zeros(len(self.types), dtype=int)
+        for t, c in allocation.by_type().items():
+            x[self.types.index(t)] += c
+        return x
+
+
+def pack(problem: Problem, counts: list[np.ndarray], benefit: list[float]) -> tuple[list[dict[tuple[int, int], int]], list[int]]:
+    """Place count vectors on nodes; returns per-job ``(node, type) -> count`` and the jobs that wanted one node but got several.
+
+    Multi-GPU jobs that can sit on one node go first, largest single-node
+    benefit first, best fit (least capacity left on the node) so that big holes
+    stay open; then single-GPU jobs, best fit; then the rest spread over the
+    fewest nodes (most free GPUs of the type first, nodes the job already uses first).
+    """
+    free = problem.capacity.copy()
+    slots: list[dict[tuple[int, int], int]] = [dict() for _ in counts]
+    wanted_single, spread = [], []
+    multi = [j for j, x in enumerate(counts) if x.sum() > 1]
+    ones = [j for j, x in enumerate(counts) if x.sum() == 1]
+    for j in sorted(multi, key=lambda j: (-benefit[j], -int(counts[j].sum()), j)):
+        x = counts[j]
+        ok = np.all(free >= x, axis=1)
+        if benefit[j] > 0 and ok.any():
+            left = np.where(ok, (free - x).sum(axis=1), np.iinfo(np.int64).max)
+            n = int(np.argmin(left))
+            free[n] -= x
+            slots[j] = {(n, t): int(c) for t, c in enumerate(x) if c > 0}
+        else:
+            if benefit[j] > 0:
+                wanted_single.append(j)
+            spread.append(j)
+    for j in ones:
+        t = int(np.argmax(counts[j]))
+        col = np.where(free[:, t] > 0, free.sum(axis=1), np.iinfo(np.int64).max)
+        n = int(np.argmin(col))
+        free[n, t] -= 1
+        slots[j] = {(n, t): 1}
+    for j in spread:
+        spread_fill(free, counts[j], slots[j])
+    return slots, wanted_single
+
+
+def spread_fill(free: np.ndarray, x: np.ndarray, slots: dict[tuple[int, int], int]) -> None:
+    """Take ``x`` from ``free`` over the fewest nodes: nodes the job already uses, then the fullest ones."""
+    for t, need in enumerate(x):
+        need = int(need)
+        while need > 0:
+            used = {n for (n, _) in slots}
+            n = int(min(np.flatnonzero(free[:, t] > 0), key=lambda n: (n not in used, -free[n, t], n)))
+            take = min(need, int(free[n, t]))
+            free[n, t] -= take
+            slots[(n, t)] = slots.get((n, t), 0) + take
+            need -= take

@@ -1,0 +1,287 @@
+"""Checkpoints (atomic save, weights-only load, validation) and stop-on-signal with requeue.
+
+Format: a dict that ``torch.load(..., weights_only=True)`` accepts, with
+``format``, ``model`` (state dict), ``optimizer`` (state dict or None),
+``steps`` (the job's cumulative global steps), ``start_steps`` (where this run
+or round started) and ``meta`` (plain values). The position is in global steps
+(the sampler derives epoch and samples from it), so a checkpoint resumes on
+any number of ranks.
+
+Signals. Emitted scripts ask Slurm for ``--signal=B:USR2@N``; the launcher
+forwards it (and SIGTERM) to the training process. As in submitit, the time
+left decides whether this is the time limit or a preemption: when fewer than
+``N + 90`` seconds remain (Slurm may signal up to 60 s early) it is a timeout,
+otherwise a preemption. The time left comes from ``SLURM_JOB_END_TIME``, else
+from ``SLURMHET_TIME_LIMIT_S`` and the launcher's start time; with neither,
+SIGUSR2 means timeout and SIGTERM preemption. Rank 0 then checkpoints
+atomically; a preempted job requeues itself, a timed-out one requeues up to
+``SLURMHET_MAX_TIMEOUT_REQUEUES`` (default 3) times and otherwise ends cleanly,
+leaving the checkpoint and a ``timeout`` progress state for the replanner.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+from slurmhet.errors import InputError, SystemFailure
+
+if TYPE_CHECKING:
+    import torch
+
+FORMAT = "slurmhet-checkpoint/1"
+CHECKPOINT_NAME = "checkpoint.pt"
+CONSOLIDATED_NAME = "consolidated.pt"
+DEFAULT_SIGNAL_LEAD_S = 120
+EARLY_SIGNAL_SLACK_S = 90
+DEFAULT_MAX_TIMEOUT_REQUEUES = 3
+
+
+@dataclass
+class TrainingCheckpoint:
+    """What a run needs to continue: model and optimizer state plus its position in global steps."""
+
+    model: dict[str, "torch.Tensor"]
+    optimizer: dict[str, Any] | None = None
+    steps: int = 0
+    start_steps: int = 0
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "model": self.model, "optimizer": self.optimizer, "steps": self.steps,
+                "start_steps": self.start_steps, "meta": self.meta}
+
+
+def save_checkpoint(path: str | Path, checkpoint: TrainingCheckpoint) -> Path:
+    """Write via a temporary file in the target directory, fsync, then rename: never a torn file."""
+    import torch
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            torch.save(checkpoint.to_dict(), handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _count(data: Mapping[str, Any], key: str, path: Path) -> int:
+    value = data.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InputError(f"'{key}' must be a whole number >= 0, got {value!r}", place=f"{path}:{key}",
+                         hint="the file is not a slurmhet checkpoint; pass --weights for plain state dicts")
+    return value
+
+
+def check_state_dict(state: Any, path: Path, what: str = "model") -> dict[str, "torch.Tensor"]:
+    """A state dict is a mapping of names to finite tensors; anything else is named and refused."""
+    import torch
+
+    if not isinstance(state, dict) or not state:
+        raise InputError(f"'{what}' is not a non-empty state dict", place=f"{path}:{what}",
+                         hint="save model.state_dict() (for DDP: model.module.state_dict())")
+    for key, value in state.items():
+        if not isinstance(key, str) or not isinstance(value, torch.Tensor):
+            raise InputError(f"entry {key!r} is not a tensor", place=f"{path}:{what}.{key}",
+                             hint="a state dict maps parameter names to tensors")
+        if value.is_floating_point() or value.is_complex():
+            if not bool(torch.isfinite(value).all()):
+                raise InputError(f"tensor {key!r} holds NaN or infinite values", place=f"{path}:{what}.{key}",
+                                 hint="the copy diverged or the file is corrupt; leave it out or retrain it")
+    return state
+
+
+def load_checkpoint(path: str | Path) -> TrainingCheckpoint:
+    """Load with ``weights_only=True`` (no code runs from the file) and validate it.
+
+    A bare state dict (tensors only) is accepted as a model with zero steps, so
+    copies saved by plain torch scripts can be consolidated with explicit weights.
+    """
+    import pickle
+
+    import torch
+
+    path = Path(path)
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError as exc:
+        raise InputError("checkpoint not found", place=str(path), hint="check the path") from exc
+    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
+        cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise InputError(f"cannot load checkpoint: {cause}", place=str(path),
+                         hint="the file is truncated, corrupt, or holds objects other than tensors and plain values")
+    if isinstance(data, dict) and "format" in data:
+        if data["format"] != FORMAT:
+            raise InputError(f"unknown checkpoint format {data['format']!r}", place=f"{path}:format",
+                             hint=f"expected {FORMAT}")
+        optimizer = data.get("optimizer")
+        if optimizer is not None and not isinstance(optimizer, dict):
+            raise InputError("'optimizer' is not a state dict", place=f"{path}:optimizer", hint="optimizer.state_dict()")
+        meta = data.get("meta") or {}
+        if not isinstance(meta, dict):
+            raise InputError("'meta' is not a mapping", place=f"{path}:meta", hint="meta holds plain values")
+        steps, start = _count(data, "steps", path), _count(data, "start_steps", path)
+        if start > steps:
+            raise InputError(f"start_steps {start} exceeds steps {steps}", place=f"{path}:start_steps",
+                             hint="the file is corrupt")
+        return TrainingCheckpoint(model=check_state_dict(data.get("model"), path), optimizer=optimizer, steps=steps,
+                                  start_steps=start, meta=meta)
+    return TrainingCheckpoint(model=check_state_dict(data, path, what="state_dict"))
+
+
+def _load_if_present(path: Path) -> TrainingCheckpoint | None:
+    return load_checkpoint(path) if path.is_file() else None
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    path: Path
+    checkpoint: TrainingCheckpoint
+    #: Where this run's work starts counting: the round start for a requeued forked copy, else the
+    #: checkpoint's step count. Progress aggregation (``progress.job_steps``) relies on it.
+    start_steps: int
+
+
+def choose_resume(checkpoint_dir: str | Path, env: Mapping[str, str]) -> ResumePoint | None:
+    """Which checkpoint a (re)started run continues from, and where its own work starts.
+
+    The run's own checkpoint wins while it belongs to the current round, i.e. it
+    started at or after the last consolidation (a requeued copy continues its own
+    work); otherwise the consolidated model is the newer state. A forked copy
+    resuming its own checkpoint stays in its round (its increments add to the
+    other copies'); every other resume starts a new stretch at the checkpoint.
+    """
+    directory = Path(checkpoint_dir)
+    own_name = own_checkpoint_name(env)
+    own, consolidated = _load_if_present(directory / own_name), _load_if_present(directory / CONSOLIDATED_NAME)
+    if own is not None and (consolidated is None or own.start_steps >= consolidated.steps):
+        is_copy = own_name != CHECKPOINT_NAME
+        return ResumePoint(directory / own_name, own, own.start_steps if is_copy else own.steps)
+    if consolidated is not None:
+        return ResumePoint(directory / CONSOLIDATED_NAME, consolidated, consolidated.steps)
+    return None
+
+
+def own_checkpoint_name(env: Mapping[str, str]) -> str:
+    """Gang jobs share ``checkpoint.pt``; forked copies (array tasks) write ``copy-<task>.pt``."""
+    task = env.get("SLURM_ARRAY_TASK_ID")
+    return f"copy-{task}.pt" if task else CHECKPOINT_NAME
+
+
+# --------------------------------------------------------------------------- stop on signal
+
+
+@dataclass
+class StopRequest:
+    """Set by a signal handler (which does nothing else); the training loop polls ``requested``."""
+
+    signum: int | None = None
+    received_at: float | None = None
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def install(self, signals: tuple[int, ...] = (signal.SIGUSR2, signal.SIGTERM)) -> None:
+        for s in signals:
+            signal.signal(s, self._handle)
+
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
+        if self.signum is None:  # the first signal decides; SIGTERM after USR2 is Slurm's follow-up
+            self.signum, self.received_at = signum, time.time()
+
+
+def _float(env: Mapping[str, str], name: str) -> float | None:
+    try:
+        value = float(env[name])
+    except (KeyError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def classify_stop(signum: int | None, env: Mapping[str, str], now: float) -> str:
+    """``"timeout"`` or ``"preempted"`` (see the module docstring for the rule).
+
+    ``signum`` is None on a rank that stops because a peer was signalled.
+    """
+    end = _float(env, "SLURM_JOB_END_TIME")
+    if end is None:
+        limit = _float(env, "SLURMHET_TIME_LIMIT_S")
+        start = _float(env, "SLURM_JOB_START_TIME") or _float(env, "SLURMHET_LAUNCH_TIME")
+        end = start + limit if limit is not None and start is not None else None
+    if end is None:
+        return "timeout" if signum == signal.SIGUSR2 else "preempted"
+    lead = _float(env, "SLURMHET_SIGNAL_LEAD_S") or DEFAULT_SIGNAL_LEAD_S
+    return "timeout" if end - now <= lead + EARLY_SIGNAL_SLACK_S else "preempted"
+
+
+def should_requeue(reason: str, env: Mapping[str, str]) -> bool:
+    """Preemption is never the job's fault: requeue. A timeout requeues a bounded number of times."""
+    if reason == "preempted":
+        return True
+    restarts = int(env.get("SLURM_RESTART_COUNT", "0") or 0)
+    limit = int(env.get("SLURMHET_MAX_TIMEOUT_REQUEUES", DEFAULT_MAX_TIMEOUT_REQUEUES))
+    return restarts < limit
+
+
+def requeue_target(env: Mapping[str, str]) -> str:
+    """The id ``scontrol requeue`` needs: the array element, or the (het leader's) job id."""
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    if not env.get("SLURM_JOB_ID"):
+        raise SystemFailure("cannot requeue: SLURM_JOB_ID is not set (not running under Slurm)")
+    return env["SLURM_JOB_ID"]
+
+
+def requeue_job(env: Mapping[str, str]) -> None:
+    """``scontrol requeue`` this job; a failure carries the command, exit code and output."""
+    argv = ["scontrol", "requeue", requeue_target(env)]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SystemFailure(f"{' '.join(argv)} failed: {exc}") from exc
+    if done.returncode != 0:
+        raise SystemFailure(f"{' '.join(argv)} exited {done.returncode}: stdout={done.stdout.strip()!r} "
+                            f"stderr={done.stderr.strip()!r}")
+
+
+@dataclass(frozen=True)
+class StopOutcome:
+    reason: str
+    requeued: bool
+    detail: str = ""
+
+
+def handle_stop(stop: StopRequest, *, rank: int, save: Callable[[], object], env: Mapping[str, str],
+                requeue: Callable[[Mapping[str, str]], None] = requeue_job,
+                now: Callable[[], float] = time.time) -> StopOutcome:
+    """After all ranks agreed to stop: rank 0 checkpoints, then requeues or lets the job end.
+
+    A failed requeue is reported, not raised: the checkpoint is safe and the
+    ``preempted``/``timeout`` progress state lets the replanner resubmit.
+    """
+    reason = classify_stop(stop.signum, env, stop.received_at or now())
+    if rank != 0:
+        return StopOutcome(reason, False, "rank 0 checkpoints and requeues")
+    save()
+    if not should_requeue(reason, env):
+        return StopOutcome(reason, False, "timeout requeue limit reached; ending cleanly")
+    try:
+        requeue(env)
+    except SystemFailure as exc:
+        return StopOutcome(reason, False, f"requeue failed: {exc}")
+    return StopOutcome(reason, True, "requeued")

@@ -1,0 +1,159 @@
+"""Progress files: what each rank has done, for the replanner and the report.
+
+One JSON file per (slurmhet job, Slurm job, rank), written atomically (temporary
+file + rename) so a reader never sees half a record. ``steps_done`` is the job's
+cumulative step count as this run sees it; ``start_steps`` is where the run
+started (the checkpoint it resumed from). Forked copies of one round share
+``start_steps``, which is how ``job_steps`` aggregates their work (HadarE V-B).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+#: Run states a record can carry. ``timeout``/``preempted`` mean "checkpointed and stopped".
+STATES = ("starting", "running", "done", "failed", "preempted", "timeout")
+
+
+@dataclass(frozen=True)
+class ProgressRecord:
+    """One rank's progress; ``samples_per_second`` is measured (or paced, when ``emulated``)."""
+
+    job_id: str
+    slurm_job_id: str
+    rank: int
+    gpu_type: str | None
+    node: str
+    steps_done: int
+    samples_done: int
+    samples_per_second: float
+    epoch: int
+    updated_at: float
+    emulated: bool
+    state: str = "running"
+    start_steps: int = 0
+    exit_code: int | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> "ProgressRecord":
+        """Build a record from parsed JSON; raises ValueError/TypeError on a malformed one."""
+        known = {f.name for f in fields(cls)}
+        record = cls(**{k: v for k, v in data.items() if k in known})
+        if not isinstance(record.rank, int) or not isinstance(record.steps_done, int):
+            raise TypeError("rank and steps_done must be integers")
+        if record.state not in STATES:
+            raise ValueError(f"unknown state {record.state!r}")
+        return record
+
+
+def progress_path(directory: Path, job_id: str, slurm_job_id: str, rank: int) -> Path:
+    return Path(directory) / f"{job_id}.{slurm_job_id}.{rank}.json"
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temporary file in the same directory and ``os.replace``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_progress(path: Path, record: ProgressRecord) -> None:
+    atomic_write_text(path, record.to_json() + "\n")
+
+
+def read_record(path: Path) -> ProgressRecord | None:
+    """One record, or None when the file is missing or not a progress record."""
+    try:
+        return ProgressRecord.from_mapping(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def read_progress(directory: str | Path) -> list[ProgressRecord]:
+    """All readable records in ``directory`` (sorted by job, Slurm job, rank).
+
+    Foreign or malformed files are skipped with a note on stderr rather than
+    failing: the replanner must keep planning when one job wrote garbage.
+    """
+    base = Path(directory)
+    if not base.is_dir():
+        return []
+    records = []
+    for path in sorted(base.glob("*.json")):
+        record = read_record(path)
+        if record is None:
+            print(f"slurmhet: skipping unreadable progress file {path}", file=sys.stderr)
+            continue
+        records.append(record)
+    return sorted(records, key=lambda r: (r.job_id, r.slurm_job_id, r.rank))
+
+
+def job_steps(records: Iterable[ProgressRecord]) -> dict[str, int]:
+    """Cumulative steps per slurmhet job.
+
+    A run (one Slurm job) counts once, at its furthest rank. Runs that started
+    from the same point are forked copies of one round; their increments add up
+    on top of that start. The job's progress is the best such total.
+    """
+    runs: dict[tuple[str, str], ProgressRecord] = {}
+    for r in records:
+        key = (r.job_id, r.slurm_job_id)
+        if key not in runs or r.steps_done > runs[key].steps_done:
+            runs[key] = r
+    totals: dict[tuple[str, int], int] = {}
+    for r in runs.values():
+        key = (r.job_id, r.start_steps)
+        totals[key] = totals.get(key, r.start_steps) + max(0, r.steps_done - r.start_steps)
+    best: dict[str, int] = {}
+    for (job_id, _), total in totals.items():
+        best[job_id] = max(best.get(job_id, 0), total)
+    return best
+
+
+class ProgressReporter:
+    """Keeps one rank's record current; writes at most every ``interval_s`` unless forced.
+
+    The rate is measured over the wall time since the first update of this run,
+    so it reflects what the GPU (or its emulation) really delivered.
+    """
+
+    def __init__(self, path: Path, base: ProgressRecord, interval_s: float = 2.0) -> None:
+        self.path = Path(path)
+        self.record = base
+        self.interval_s = interval_s
+        self._run_start = time.monotonic()
+        self._run_start_samples = base.samples_done
+        self._last_write = float("-inf")
+
+    def update(self, *, steps_done: int, samples_done: int, epoch: int, state: str = "running",
+               force: bool = False) -> None:
+        elapsed = time.monotonic() - self._run_start
+        rate = (samples_done - self._run_start_samples) / elapsed if elapsed > 0 else 0.0
+        self.record = replace(self.record, steps_done=steps_done, samples_done=samples_done, epoch=epoch,
+                              samples_per_second=round(rate, 3), updated_at=time.time(), state=state)
+        now = time.monotonic()
+        if force or state != "running" or now - self._last_write >= self.interval_s:
+            write_progress(self.path, self.record)
+            self._last_write = now
+
+    def finish(self, state: str, exit_code: int | None = None) -> None:
+        self.record = replace(self.record, state=state, exit_code=exit_code, updated_at=time.time())
+        write_progress(self.path, self.record)

@@ -1,0 +1,81 @@
+"""Trace-driven discrete-event simulator that runs slurmhet's policies over time.
+
+Public API: ``simulate`` (the pure function behind ``slurmhet simulate``), the trace
+loaders ``load_gavel_trace`` / ``load_csv_trace``, ``generate_trace`` and ``write_plots``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+from slurmhet.cluster import Inventory
+from slurmhet.errors import InputError
+from slurmhet.planner.time_base import TimePolicy
+from slurmhet.planner.time_registry import TIME_POLICIES
+from slurmhet.sim.contention import ContentionModel
+from slurmhet.sim.engine import Engine, SimConfig, SimulationError
+from slurmhet.sim.generator import generate_trace
+from slurmhet.sim.metrics import SimReport, summarize
+from slurmhet.sim.rates import GavelThroughputs, RateModel, ThroughputSource
+from slurmhet.sim.traces import TraceJob, load_csv_trace, load_gavel_trace, resolve_steps
+
+__all__ = [
+    "simulate", "run_policies", "load_gavel_trace", "load_csv_trace", "generate_trace", "write_plots", "default_throughputs",
+    "SimReport", "SimConfig", "SimulationError", "TraceJob", "RateModel",
+]
+
+SHIPPED_TABLE = Path(__file__).resolve().parent.parent / "data" / "gavel" / "simulation_throughputs.json"
+
+
+def default_throughputs() -> GavelThroughputs:
+    """Gavel's measured throughputs as shipped with slurmhet."""
+    return GavelThroughputs.from_json(SHIPPED_TABLE)
+
+
+def write_plots(report: SimReport, directory: Path | str) -> list[Path]:
+    from slurmhet.sim.plots import write_plots as _write
+
+    return _write(report, directory)
+
+
+def simulate(trace_jobs: Sequence[TraceJob], inventory: Inventory, table: ThroughputSource | None,
+             policies: Sequence[str], round_s: float = 360.0, seed: int = 0,
+             progress: Callable[[str, int, int], None] | None = None, *, restart_s: float = 10.0,
+             consolidate_s: float = 10.0, contention: ContentionModel | None = None) -> SimReport:
+    """Run every policy on the same jobs and cluster; ``progress(policy, index, total)`` is called per policy."""
+    unknown = [p for p in policies if p not in TIME_POLICIES]
+    if unknown or not policies:
+        raise InputError(f"unknown policy {unknown or policies}", place="--policy",
+                         hint=f"one or more of {', '.join(TIME_POLICIES)}")
+    if round_s <= 0:
+        raise InputError("round length must be positive", place="--round-s", hint="e.g. 360")
+    source = table or default_throughputs()
+    contention = contention or ContentionModel(inter_gbps=inventory.inter_node_gbps)
+    rates = RateModel(source, contention)
+    jobs = resolve_steps(trace_jobs, lambda t, k: rates.type_rate(t, k, "v100"))
+    usable = inventory.usable()
+    for job in jobs:
+        if not any(rates.type_rate(job.job_type, job.gpus, t) > 0 for t in usable.gpu_types):
+            raise InputError(f"job {job.job_id} ({job.job_type}) has no throughput on any GPU type of the cluster",
+                             place=f"job {job.job_id}", hint="check the throughput table and the cluster's types")
+    config = SimConfig(round_s=round_s, restart_s=restart_s, consolidate_s=consolidate_s)
+    instances = {name: TIME_POLICIES[name](seed=seed, round_s=round_s) for name in policies}
+    report = run_policies(jobs, usable, rates, instances, config, progress)
+    report.meta.update(round_s=round_s, restart_s=restart_s, seed=seed)
+    return report
+
+
+def run_policies(jobs: Sequence[TraceJob], inventory: Inventory, rates: RateModel, policies: Mapping[str, TimePolicy],
+                 config: SimConfig, progress: Callable[[str, int, int], None] | None = None) -> SimReport:
+    """Run prepared policy instances on the same resolved jobs (steps known) and cluster."""
+    metrics, runs = {}, {}
+    for index, (name, policy) in enumerate(policies.items()):
+        if progress:
+            progress(name, index, len(policies))
+        run = Engine(list(jobs), inventory, rates, policy, config).run()
+        runs[name], metrics[name] = run, summarize(run)
+    if progress:
+        progress("", len(policies), len(policies))
+    meta: dict[str, Any] = {"jobs": len(jobs), "gpus": sum(inventory.gpus_by_type().values())}
+    return SimReport(metrics, runs, meta)

@@ -1,0 +1,206 @@
+"""Discrete-event engine: replays a trace under one policy on one cluster.
+
+Between two events (arrival, completion, round boundary, decision) every running
+job progresses at a constant rate, so the engine jumps from event to event and
+never steps through time. A changed allocation costs a checkpoint-restart
+(``restart_s``) during which the job holds its GPUs but makes no progress; a job
+running as several forked copies pays ``consolidate_s`` each round (HadarE).
+Every decision is checked against the capacity of every (node, GPU type).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+from slurmhet.cluster import Inventory
+from slurmhet.planner.time_base import ClusterView, JobState, Placement, Slot, TimePolicy, gang_size
+from slurmhet.sim.contention import contenders
+from slurmhet.sim.rates import RateModel
+from slurmhet.sim.traces import TraceJob
+
+EPS = 1e-9
+
+
+class SimulationError(RuntimeError):
+    """A policy broke an invariant (capacity, infeasible type) or starved the queue."""
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    round_s: float = 360.0
+    restart_s: float = 10.0
+    consolidate_s: float = 10.0
+    #: Called after every decision with (time, placements, capacity); tests hook invariants here.
+    observer: Callable[[float, Mapping[int, Placement], Mapping[Slot, int]], None] | None = None
+
+
+@dataclass
+class JobRecord:
+    job_id: int
+    weight: float
+    gpus: int
+    arrival: float
+    first_start: float
+    finish: float
+    total_steps: float
+    done_steps: float
+    isolated_s: float
+    restarts: int
+
+
+@dataclass
+class PolicyRun:
+    """Raw outcome of one policy: per-job records, busy GPUs over time, decision timings."""
+
+    policy: str
+    total_gpus: int
+    records: list[JobRecord] = field(default_factory=list)
+    busy: list[tuple[float, float, int]] = field(default_factory=list)  # (start, end, allocated GPUs)
+    plan_seconds: list[float] = field(default_factory=list)
+
+
+def capacity_of(inventory: Inventory) -> dict[Slot, int]:
+    return {(n.name, t): c for n in inventory.nodes for t, c in n.gpus.items() if c > 0}
+
+
+def check_capacity(placements: Mapping[int, Placement], capacity: Mapping[Slot, int]) -> None:
+    used: dict[Slot, int] = {}
+    for job_id, placement in placements.items():
+        for gang in placement:
+            for node, gpu_type, count in gang:
+                if count <= 0 or (node, gpu_type) not in capacity:
+                    raise SimulationError(f"job {job_id}: bad slot {(node, gpu_type, count)}")
+                used[(node, gpu_type)] = used.get((node, gpu_type), 0) + count
+    over = {s: u for s, u in used.items() if u > capacity[s]}
+    if over:
+        raise SimulationError(f"capacity exceeded at {over}")
+
+
+class Engine:
+    """One run of one policy; ``run()`` returns a ``PolicyRun``."""
+
+    def __init__(self, jobs: list[TraceJob], inventory: Inventory, rates: RateModel, policy: TimePolicy,
+                 config: SimConfig) -> None:
+        self.pending = sorted(jobs, key=lambda j: (j.arrival, j.job_id))
+        self.capacity = capacity_of(inventory)
+        self.node_order = tuple(n.name for n in inventory.nodes)
+        self.inter_gbps = inventory.inter_node_gbps
+        self.rates, self.policy, self.config = rates, policy, config
+        self.active: dict[int, JobState] = {}
+        self.restart_left: dict[int, float] = {}
+        self.done_steps: dict[int, float] = {}
+        self.run_out = PolicyRun(policy.key, sum(self.capacity.values()))
+        self.now = self.pending[0].arrival if self.pending else 0.0
+
+    def run(self) -> PolicyRun:
+        next_round = self.now
+        dirty = True
+        idle_rounds = 0
+        while self.pending or self.active:
+            dirty |= self._admit()
+            round_policy = self.policy.round_s is not None
+            if (round_policy and self.now >= next_round - EPS) or (not round_policy and dirty):
+                self._decide()
+                dirty = False
+                if round_policy:
+                    next_round = self.now + float(self.policy.round_s or 0)
+            rates = self._rates()
+            horizon = [self.pending[0].arrival] if self.pending else []
+            if round_policy and self.active:
+                horizon.append(next_round)
+            for job_id, rate in rates.items():
+                if rate > 0:
+                    horizon.append(self.now + self.restart_left[job_id] + self.active[job_id].remaining / rate)
+            if not horizon:
+                raise SimulationError(f"{self.policy.key}: {len(self.active)} jobs wait but nothing runs or arrives")
+            running = any(j.running for j in self.active.values())
+            idle_rounds = 0 if running or self.pending else idle_rounds + 1
+            if idle_rounds > 3:
+                raise SimulationError(f"{self.policy.key}: queue starved at t={self.now:.0f}")
+            dirty |= self._advance(max(min(horizon), self.now), rates)
+        return self.run_out
+
+    def _admit(self) -> bool:
+        admitted = False
+        while self.pending and self.pending[0].arrival <= self.now + EPS:
+            job = self.pending.pop(0)
+            steps = float(job.total_steps or 0.0)
+            self.active[job.job_id] = JobState(job.job_id, job.job_type, job.gpus, job.weight, job.arrival, steps, steps)
+            self.restart_left[job.job_id] = 0.0
+            self.done_steps[job.job_id] = 0.0
+            admitted = True
+        return admitted
+
+    def _decide(self) -> None:
+        jobs = sorted(self.active.values(), key=lambda j: (j.arrival, j.job_id))
+        view = ClusterView(self.now, self.capacity, jobs, self.rates, self.node_order, self.inter_gbps)
+        started = time.perf_counter()
+        decision = self.policy.decide(view)
+        self.run_out.plan_seconds.append(time.perf_counter() - started)
+        decision = {j: p for j, p in decision.items() if p and j in self.active}
+        check_capacity(decision, self.capacity)
+        for job_id, state in self.active.items():
+            new = tuple(sorted(decision.get(job_id, ())))
+            for gang in new:
+                if self.rates.gang_rate(state.job_type, state.gpus, gang, self.policy.sharding) <= 0:
+                    raise SimulationError(f"{self.policy.key}: job {job_id} placed where it cannot run: {gang}")
+            if new != state.placement:
+                if new and (state.placement or state.remaining < state.total_steps):
+                    self.restart_left[job_id] = self.config.restart_s
+                    state.restarts += 1
+                elif not new:
+                    self.restart_left[job_id] = 0.0
+                state.placement = new
+            if len(new) > 1:
+                self.restart_left[job_id] = max(self.restart_left[job_id], self.config.consolidate_s)
+            if new and state.first_start is None:
+                state.first_start = self.now
+        if self.config.observer:
+            self.config.observer(self.now, {j: s.placement for j, s in self.active.items()}, self.capacity)
+
+    def _rates(self) -> dict[int, float]:
+        placements = {j: s.placement for j, s in self.active.items() if s.running}
+        contended = contenders(placements)
+        out = {}
+        for job_id, placement in placements.items():
+            state = self.active[job_id]
+            out[job_id] = sum(
+                self.rates.gang_rate(state.job_type, state.gpus, gang, self.policy.sharding,
+                                     contended.get((job_id, copy), 1))
+                for copy, gang in enumerate(placement))
+        return out
+
+    def _advance(self, until: float, rates: Mapping[int, float]) -> bool:
+        dt = until - self.now
+        busy = sum(gang_size(g) for s in self.active.values() for g in s.placement)
+        if dt > 0 and busy:
+            self.run_out.busy.append((self.now, until, busy))
+        finished = []
+        for job_id, rate in rates.items():
+            state = self.active[job_id]
+            pause = min(self.restart_left[job_id], dt)
+            self.restart_left[job_id] -= pause
+            gpus = sum(gang_size(g) for g in state.placement)
+            state.attained_gpu_s += gpus * dt
+            for gang in state.placement:
+                for _, gpu_type, count in gang:
+                    state.received_s[gpu_type] = state.received_s.get(gpu_type, 0.0) + dt * count / gpus
+            progress = rate * (dt - pause)
+            if progress >= state.remaining * (1 - EPS) or state.remaining - progress <= EPS * state.total_steps:
+                progress = state.remaining
+                finished.append(job_id)
+            state.remaining -= progress
+            self.done_steps[job_id] += progress
+        self.now = until
+        for job_id in finished:
+            self._finish(self.active.pop(job_id))
+        return bool(finished)
+
+    def _finish(self, state: JobState) -> None:
+        best = max(self.rates.type_rate(state.job_type, state.gpus, t) for t in {t for _, t in self.capacity})
+        self.run_out.records.append(JobRecord(
+            state.job_id, state.weight, state.gpus, state.arrival,
+            state.first_start if state.first_start is not None else self.now, self.now, state.total_steps,
+            self.done_steps[state.job_id], state.total_steps / best if best > 0 else 0.0, state.restarts))

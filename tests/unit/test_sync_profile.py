@@ -1,0 +1,109 @@
+"""Sync and site-profile logic over a fake runner that replays recorded 22.05 outputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import pytest
+
+from slurmhet.config import SlurmOverrides
+from slurmhet.slurm.client import SlurmCli
+from slurmhet.slurm.profile import load_profile
+from slurmhet.slurm.runner import CommandResult, SlurmCommandError
+from slurmhet.spec import load_text
+from slurmhet.store import Database, JobState, SlurmJob, create_job
+from slurmhet.sync import sync_jobs
+
+FIX = Path(__file__).resolve().parent.parent / "fixtures" / "slurm-22.05"
+
+
+class FakeRunner:
+    """Answers Slurm commands from recorded files; records every argv it was given."""
+
+    def __init__(self, answers: Mapping[str, str], fail: str | None = None) -> None:
+        self.answers, self.fail, self.calls = answers, fail, []  # type: ignore[var-annotated]
+
+    def run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None,
+            env: Mapping[str, str] | None = None) -> CommandResult:
+        self.calls.append(list(argv))
+        key = " ".join(argv[:3])
+        if self.fail and key.startswith(self.fail):
+            raise SlurmCommandError(argv, 1, "", "slurm_load_jobs error: Unable to contact slurm controller")
+        for prefix, text in self.answers.items():
+            if key.startswith(prefix):
+                return CommandResult(tuple(argv), text, "")
+        raise AssertionError(f"unexpected command {argv}")
+
+
+def _answers() -> dict[str, str]:
+    return {
+        "squeue --all": '{"jobs": []}',
+        "sacct --parsable2": (FIX / "sacct_parsable2_X.txt").read_text(),
+        "sinfo --version": (FIX / "sinfo_version.txt").read_text(),
+        "scontrol show config": (FIX / "scontrol_show_config.txt").read_text(),
+        "scontrol show nodes": (FIX / "scontrol_show_nodes_oneliner_idle.txt").read_text(),
+        "sbatch --help": "Usage: sbatch [OPTIONS...] executable [args...]\n",
+    }
+
+
+SPEC = load_text("name: a\ncommand: [x]\nworkload: {model: m, batch_size: 2}\nwork: {steps: 3}\n", "f.yaml")[0]
+
+
+def test_sync_reads_final_states_from_sacct(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    with db.transaction() as session:
+        het = create_job(session, SPEC, "root", "f")
+        het.state = JobState.SUBMITTED
+        het.slurm_jobs += [SlurmJob(slurm_job_id="9", role="het", het_offset=0, state="PENDING"),
+                           SlurmJob(slurm_job_id="9", role="het", het_offset=1, state="PENDING")]
+        failed = create_job(session, SPEC, "root", "f")
+        failed.state = JobState.SUBMITTED
+        failed.slurm_jobs.append(SlurmJob(slurm_job_id="13", state="PENDING"))
+        array = create_job(session, SPEC, "root", "f")
+        array.state = JobState.SUBMITTED
+        array.slurm_jobs.append(SlurmJob(slurm_job_id="11", role="array", state="PENDING"))
+    runner = FakeRunner(_answers())
+    with db.transaction() as session:
+        from slurmhet.store import list_jobs
+
+        jobs = list_jobs(session)
+        assert sync_jobs(session, SlurmCli(runner), jobs) == 3
+        states = {j.id: j.state for j in jobs}
+        assert states == {1: JobState.COMPLETED, 2: JobState.FAILED, 3: JobState.COMPLETED}
+        assert "gres/gpu:v100=1" in jobs[0].slurm_jobs[1].alloc_tres and jobs[0].slurm_jobs[1].nodes == "nodea"
+        assert jobs[1].slurm_jobs[0].exit_code == "3:0"
+    # one batched squeue and one batched sacct for all three jobs
+    assert [c[0] for c in runner.calls] == ["squeue", "sacct"]
+    assert runner.calls[0][-1] == "11,13,9"
+
+
+def test_sync_failure_raises_and_changes_nothing(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    with db.transaction() as session:
+        job = create_job(session, SPEC, "root", "f")
+        job.state = JobState.SUBMITTED
+        job.slurm_jobs.append(SlurmJob(slurm_job_id="13", state="PENDING"))
+    with pytest.raises(SlurmCommandError):
+        with db.transaction() as session:
+            from slurmhet.store import list_jobs
+
+            sync_jobs(session, SlurmCli(FakeRunner(_answers(), fail="squeue")), list_jobs(session))
+    with db.transaction() as session:
+        from slurmhet.store import get_job
+
+        again = get_job(session, 1)
+        assert again is not None and again.state is JobState.SUBMITTED and again.slurm_jobs[0].state == "PENDING"
+
+
+def test_profile_probe_cache_and_overrides(tmp_path: Path) -> None:
+    runner = FakeRunner(_answers())
+    cache = tmp_path / "profile.json"
+    profile = load_profile(SlurmCli(runner), cache, SlurmOverrides())
+    assert profile.slurm_version == "22.5.8" and profile.accounting and profile.major == 22
+    assert profile.max_array_size == 1001 and profile.gpu_request_style == "gpus-per-node"
+    assert profile.has_mps and profile.has_shard and not profile.spank_plugin
+    calls = len(runner.calls)
+    again = load_profile(SlurmCli(runner), cache, SlurmOverrides(gpu_request_style="gres", max_array_size=50))
+    assert len(runner.calls) == calls  # served from the cache
+    assert again.gpu_request_style == "gres" and again.max_array_size == 50
