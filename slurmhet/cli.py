@@ -21,6 +21,7 @@ from slurmhet.config import Settings, load_settings
 from slurmhet.errors import InputError, SlurmhetError, SystemFailure
 from slurmhet.slurm import pyslurm_client
 from slurmhet.slurm.client import SlurmCli, SlurmClient
+from slurmhet.slurm.parsers import SlurmOutputError
 from slurmhet.slurm.profile import SiteProfile, load_profile
 from slurmhet.slurm.runner import SlurmCommandError, SubprocessRunner
 from slurmhet.store import Database, JobState, list_jobs, get_job, add_event
@@ -194,8 +195,8 @@ def status(obj: Context, as_json: bool, all_users: bool) -> None:
         jobs = _visible_jobs(obj, session, all_users)
         try:
             sync_jobs(session, obj.client, jobs)
-        except SlurmCommandError as exc:
-            raise SystemFailure(f"cannot reach Slurm to refresh job states ({exc.describe()}); "
+        except (SlurmCommandError, SlurmOutputError) as exc:
+            raise SystemFailure(f"cannot reach Slurm to refresh job states ({exc}); "
                                 "the store was left as it was") from exc
         rows = [{
             "id": j.id, "name": j.name, "owner": j.owner, "state": j.state.value, "reason": j.reason,

@@ -286,6 +286,12 @@ def parse_squeue_json(stdout: str) -> list[QueueRecord]:
         data = json.loads(stdout)
     except json.JSONDecodeError as exc:
         raise SlurmOutputError(f"squeue --json printed invalid JSON: {exc}") from exc
+    # 22.05 quirk: with slurmctld unreachable, squeue --json exits 0 and reports the failure here.
+    errors = data.get("errors") or []
+    if errors:
+        first = errors[0]
+        raise SlurmOutputError(f"squeue reported: {first.get('description') or first.get('error')} "
+                               f"({first.get('source', 'squeue')})")
     out = []
     for job in data.get("jobs", []):
         state = job.get("job_state")
