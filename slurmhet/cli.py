@@ -253,3 +253,108 @@ def run(argv: tuple[str, ...]) -> None:
     from slurmhet.runtime.launcher import launch
 
     sys.exit(launch(list(argv)))
+
+
+@main.command()
+@click.option("--since", type=click.DateTime(), default=None, help="only jobs stored since this time")
+@click.option("--user", default=None, help="another user's jobs (root or admin group)")
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--csv", "as_csv", is_flag=True)
+@click.option("--plot", "plot_dir", type=click.Path(file_okay=False), default=None, help="write PNG plots here")
+@click.pass_obj
+def report(obj: Context, since: Any, user: str | None, as_json: bool, as_csv: bool, plot_dir: str | None) -> None:
+    """JCT, queueing, makespan and GPU-hours per type, from sacct joined with the store."""
+    from slurmhet.report import build_report, write_plots
+    from slurmhet.submission import current_user
+
+    if as_json and as_csv:
+        raise InputError("--json and --csv exclude each other", place="--csv", hint="pick one")
+    me = current_user()
+    if user not in (None, me) and not obj.is_admin():
+        raise InputError(f"--user {user} needs root or the admin group", place="--user", hint="drop --user")
+    with obj.db.transaction() as session:
+        stored = [j for j in list_jobs(session, owner=user or (None if obj.is_admin() else me))
+                  if since is None or j.created_at.replace(tzinfo=None) >= since]
+        jobs = [_stored_view(j) for j in stored]
+    ids = sorted({i for j in jobs for i in j.slurm_ids})
+    notices: list[str] = []
+    if obj.profile.accounting:
+        records = obj.client.accounting(ids)
+    else:
+        from datetime import datetime, timezone
+
+        from slurmhet.report import records_from_queue
+
+        records = records_from_queue(obj.client.queue(ids), datetime.now(timezone.utc))
+        notices.append("accounting is off at this site: times come from squeue/scontrol and cover live jobs only")
+    result = build_report(jobs, records, obj.inventory().gpus_by_type(), notices)
+    if plot_dir:
+        for path in write_plots(result, plot_dir):
+            err_console.print(f"wrote {path}", markup=False)
+    if as_json:
+        _emit_json(result.to_json())
+        return
+    if as_csv:
+        click.echo(result.to_csv(), nl=False)
+        return
+    _print_report(result)
+
+
+def _stored_view(job: Any) -> Any:
+    from slurmhet.report import StoredJob
+
+    roles = [p.role for p in job.slurm_jobs]
+    restarts = max(0, sum(1 for r in roles if r in ("batch", "het", "pack")) - 1)
+    return StoredJob(id=job.id, name=job.name, owner=job.owner, weight=float(job.spec.get("weight", 1.0)),
+                     predicted_jct_s=job.predicted_jct_s, slurm_ids=tuple(p.slurm_job_id for p in job.slurm_jobs),
+                     restarts=restarts, emulated=bool((job.plan or {}).get("emulated")))
+
+
+def _print_report(result: Any) -> None:
+    types = sorted(result.gpu_hours)
+    table = Table(title="slurmhet report")
+    for column in ("id", "name", "state", "queue s", "run s", "JCT s", "pred JCT s", *[f"{t} GPU-h" for t in types]):
+        table.add_column(column)
+
+    def fmt(value: float | None) -> str:
+        return "-" if value is None else f"{value:.0f}"
+
+    for j in result.jobs:
+        table.add_row(str(j.id), j.name[:28], j.state, fmt(j.queue_s), fmt(j.run_s), fmt(j.jct_s),
+                      fmt(j.predicted_jct_s), *[f"{j.gpu_hours.get(t, 0.0):.4f}" for t in types])
+    console.print(table)
+    util = ", ".join(f"{t} {u:.1%}" for t, u in sorted(result.utilization.items()))
+    console.print(f"makespan {fmt(result.makespan_s)} s, avg JCT {fmt(result.avg_jct_s)} s, weighted JCT "
+                  f"{fmt(result.weighted_jct_s)} s, avg queue {fmt(result.avg_queue_s)} s", markup=False)
+    console.print("GPU-hours " + ", ".join(f"{t} {h:.4f}" for t, h in sorted(result.gpu_hours.items())) +
+                  f"; utilisation {util}", markup=False)
+    if result.plan_error is not None:
+        console.print(f"plan vs actual JCT error: {result.plan_error:.1%}", markup=False)
+    for notice in result.notices:
+        console.print(f"note: {notice}", markup=False)
+
+
+@main.command("run-pack")
+@click.argument("packfile", type=click.Path(dir_okay=False))
+def run_pack_command(packfile: str) -> None:
+    """Run a co-location pack's members concurrently under a job-private MPS daemon."""
+    from slurmhet.runtime.mps import load_pack, pack_exit_status, run_pack
+
+    sys.exit(pack_exit_status(run_pack(load_pack(packfile))))
+
+
+@main.command()
+@click.option("--out", required=True, type=click.Path(dir_okay=False), help="consolidated checkpoint to write")
+@click.argument("ckpts", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--weights", multiple=True, type=float, help="one per checkpoint (default: each copy's steps)")
+def consolidate(out: str, ckpts: tuple[str, ...], weights: tuple[float, ...]) -> None:
+    """Weight-average forked copies' checkpoints (HadarE); loads weights only, writes atomically."""
+    from slurmhet.runtime.consolidate import consolidate as consolidate_checkpoints
+
+    if weights and len(weights) != len(ckpts):
+        raise InputError(f"{len(weights)} weights for {len(ckpts)} checkpoints", place="--weights",
+                         hint="give one --weights per checkpoint, or none")
+    env = os.environ
+    result = consolidate_checkpoints(out, ckpts, list(weights) or None, progress_dir=env.get("SLURMHET_PROGRESS_DIR"),
+                                     job_id=env.get("SLURMHET_JOB_ID"))
+    click.echo(result.summary())

@@ -267,6 +267,10 @@ class QueueRecord:
     comment: str
     user: str
     nodes: str
+    submit: datetime | None = None
+    start: datetime | None = None
+    end: datetime | None = None  # for a live job, the projected end (time limit)
+    alloc_tres: str = ""
 
     @property
     def root_id(self) -> str:
@@ -279,6 +283,11 @@ def _num(value: Any) -> int | None:
     if isinstance(value, dict):
         return int(value["number"]) if value.get("set", True) and not value.get("infinite") else None
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _epoch(value: Any) -> datetime | None:
+    number = _num(value)
+    return datetime.fromtimestamp(number, timezone.utc) if number else None
 
 
 def parse_squeue_json(stdout: str) -> list[QueueRecord]:
@@ -312,6 +321,10 @@ def parse_squeue_json(stdout: str) -> list[QueueRecord]:
                 comment=str(job.get("comment", "") or ""),
                 user=str(job.get("user_name", "")),
                 nodes=str(job.get("nodes", "") or ""),
+                submit=_epoch(job.get("submit_time")),
+                start=_epoch(job.get("start_time")),
+                end=_epoch(job.get("end_time")),
+                alloc_tres=str(job.get("tres_alloc_str", "") or ""),
             )
         )
     return out

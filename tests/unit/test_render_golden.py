@@ -5,11 +5,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from slurmhet.emit.requests import BatchRequest, Common, Launch, Materialized
+from slurmhet.emit.requests import (ArrayChunk, ArrayRequest, BatchRequest, Common, ConsolidationRequest, GpuShape,
+                                    HetJobRequest, Launch, Materialized, PackMember, PackRequest)
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 REGEN = os.environ.get("SLURMHET_REGEN_GOLDENS") == "1"
@@ -23,13 +26,47 @@ def _common(name: str = "resnet18") -> Common:
 
 
 LAUNCHER = ("/opt/slurmhet/bin/python", "-m", "slurmhet", "run", "--")
-CASES: dict[str, BatchRequest] = {
+SLURMHET = ("/opt/slurmhet/bin/python", "-m", "slurmhet")
+HET_SHAPES = (GpuShape("v100", 2, 1, ("nodea",)), GpuShape("t4", 1, 2, ("nodeb", "nodex")))
+CASES: dict[str, BatchRequest | HetJobRequest | ArrayRequest | ConsolidationRequest | PackRequest] = {
     "batch-gres": BatchRequest(_common(), Launch(("python", "train.py", "--epochs", "2"), LAUNCHER), "t4", 2,
                                gpu_request_style="gres", shard_weights=(0.5, 0.5)),
     "batch-gpus-per-node": BatchRequest(_common(), Launch(("python", "train.py"), LAUNCHER, (("OMP_NUM_THREADS", "4"),)),
                                         "v100", 4, nodes=2, nodelist=("nodea", "nodex"),
                                         gpu_request_style="gpus-per-node"),
     "batch-hostile": BatchRequest(_common(HOSTILE_NAME), Launch(HOSTILE_ARGV, LAUNCHER), "k80", 1),
+    "het-gres": HetJobRequest(_common(), Launch(("python", "train.py"), LAUNCHER), HET_SHAPES, "gres",
+                              (0.3, 0.3, 0.2, 0.2)),
+    "het-gpus-per-node": HetJobRequest(_common(), Launch(("python", "train.py"), LAUNCHER, (("SEED", "1"),)),
+                                       HET_SHAPES, "gpus-per-node"),
+    "het-hostile": HetJobRequest(_common(HOSTILE_NAME), Launch(HOSTILE_ARGV, LAUNCHER),
+                                 (GpuShape("v100", 1), GpuShape("k80", 1))),
+    "array-gres": ArrayRequest(_common(), Launch(("python", "train.py"), LAUNCHER), GpuShape("t4", 2, 1, ("nodeb",)),
+                               ArrayChunk(2, 3), throttle=3, round=4),
+    "array-gpus-per-node-chunk": ArrayRequest(_common(), Launch(("true",), LAUNCHER), GpuShape("k80", 1),
+                                              ArrayChunk(0, 1001, task_offset=2002), throttle=50,
+                                              gpu_request_style="gpus-per-node"),
+    "array-hostile": ArrayRequest(_common(HOSTILE_NAME), Launch(HOSTILE_ARGV, LAUNCHER), GpuShape("k80", 1),
+                                  ArrayChunk(0, 2)),
+    "consolidation": ConsolidationRequest(_common(), SLURMHET, "/ckpt/resnet18", (0, 1, 2), after=("101", "102"),
+                                          round=4, then=(*SLURMHET, "replan")),
+    "consolidation-hostile": ConsolidationRequest(_common(HOSTILE_NAME), SLURMHET, "/ckpt/it's $(x);\nd", (0,),
+                                                  after=("101",)),
+    "pack-gres": PackRequest(_common(), LAUNCHER, SLURMHET, "v100",
+                             (PackMember(42, "small-a", ("python", "a.py")),
+                              PackMember(43, "small-b", ("python", "b.py"), (("SEED", "2"),), 40)),
+                             nodelist=("nodea",)),
+    "pack-gpus-per-node": PackRequest(_common(), LAUNCHER, SLURMHET, "v100",
+                                      (PackMember(42, "a", ("x",)), PackMember(43, "b", ("y",))),
+                                      gpu_request_style="gpus-per-node"),
+    "pack-mps": PackRequest(replace(_common(), also=(43,)), LAUNCHER, SLURMHET, "v100",
+                            (PackMember(42, "a", ("x",), (), 50), PackMember(43, "b", ("y",), (), 50)),
+                            sharing="mps", share_count=100, nodelist=("nodea",)),
+    "pack-shard": PackRequest(replace(_common(), also=(43,)), LAUNCHER, SLURMHET, "t4",
+                              (PackMember(42, "a", ("x",)), PackMember(43, "b", ("y",))), sharing="shard",
+                              share_count=2),
+    "pack-hostile": PackRequest(_common(HOSTILE_NAME), LAUNCHER, SLURMHET, "k80",
+                                (PackMember(42, HOSTILE_NAME, HOSTILE_ARGV), PackMember(43, "b", HOSTILE_ARGV))),
 }
 
 
@@ -47,22 +84,59 @@ def test_golden(name: str) -> None:
     assert text == path.read_text(), f"{path} differs; if intended, run `make goldens` and review the diff"
 
 
-def test_hostile_values_stay_data(tmp_path: Path) -> None:
-    """Run the rendered hostile script with stand-in srun/launcher: the argv arrives byte-exact."""
-    m = CASES["batch-hostile"].materialize()
+def _recorder(bin_dir: Path, name: str, record: Path) -> Path:
+    """A stand-in program that records its argv and stdin as JSON."""
+    bin_dir.mkdir(exist_ok=True)
+    path = bin_dir / name
+    path.write_text(f"#!{sys.executable}\nimport json,sys\n"
+                    f"json.dump({{'argv': sys.argv[1:], 'stdin': sys.stdin.read()}}, open({str(record)!r}, 'w'))\n")
+    path.chmod(0o755)
+    return path
+
+
+def _run(script: str, tmp_path: Path, **env: str) -> None:
+    subprocess.run(["bash", "-c", script], check=True, cwd=tmp_path, stdin=subprocess.DEVNULL,
+                   env={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), **env})
+
+
+@pytest.mark.parametrize("name", ["batch-hostile", "het-hostile", "array-hostile"])
+def test_hostile_values_stay_data(name: str, tmp_path: Path) -> None:
+    """Run the rendered hostile script with a stand-in srun: the argv arrives byte-exact, nothing runs."""
+    m = CASES[name].materialize()
     assert "\n#SBATCH" not in m.script  # options never reach sbatch's script parser
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
     record = tmp_path / "argv.json"
-    (bin_dir / "srun").write_text(
-        "#!/usr/bin/env python3\nimport json,sys\n"
-        f"json.dump(sys.argv[1:], open({str(record)!r}, 'w'))\n"
-    )
-    (bin_dir / "srun").chmod(0o755)
-    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path)}
-    subprocess.run(["bash", "-c", m.script], check=True, env=env, cwd=tmp_path)
-    got = json.loads(record.read_text())
+    _recorder(tmp_path / "bin", "srun", record)
+    _run(m.script, tmp_path, SLURM_ARRAY_TASK_ID="1")
+    got = json.loads(record.read_text())["argv"]
     assert got[-len(HOSTILE_ARGV):] == list(HOSTILE_ARGV)
     assert not (tmp_path / "pwned").exists()
     name_opt = [a for a in m.argv if a.startswith("--job-name=")][0]
     assert all(c.isalnum() or c in "._+-=" for c in name_opt.removeprefix("--job-name"))
+
+
+def test_hostile_pack_members_reach_run_pack_intact(tmp_path: Path) -> None:
+    record = tmp_path / "pack.json"
+    slurmhet = _recorder(tmp_path / "bin", "slurmhet", record)
+    request = replace(CASES["pack-hostile"], slurmhet=(str(slurmhet),))
+    assert isinstance(request, PackRequest)
+    _run(request.materialize().script, tmp_path)
+    got = json.loads(record.read_text())
+    assert got["argv"] == ["run-pack", "/dev/stdin"]
+    members = json.loads(got["stdin"])["members"]
+    assert [m["argv"][-len(HOSTILE_ARGV):] for m in members] == [list(HOSTILE_ARGV)] * 2
+    assert [m["env"]["SLURMHET_JOB_ID"] for m in members] == ["42", "43"]
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_hostile_checkpoint_dir_reaches_consolidate_intact(tmp_path: Path) -> None:
+    ckpt = tmp_path / "it's $(touch pwned);\nd"
+    ckpt.mkdir()
+    (ckpt / "copy-0.pt").write_text("x")
+    (ckpt / "copy-2.pt").write_text("x")
+    record = tmp_path / "cons.json"
+    slurmhet = _recorder(tmp_path / "bin", "slurmhet", record)
+    request = ConsolidationRequest(_common(HOSTILE_NAME), (str(slurmhet),), str(ckpt), (0, 1, 2), after=("7",))
+    _run(request.materialize().script, tmp_path)
+    assert json.loads(record.read_text())["argv"] == [
+        "consolidate", "--out", f"{ckpt}/consolidated.pt", f"{ckpt}/copy-0.pt", f"{ckpt}/copy-2.pt"]
+    assert not (tmp_path / "pwned").exists()

@@ -1,0 +1,147 @@
+"""Map a planned job to the Slurm forms that run it (pure: no Slurm, no store).
+
+* one GPU type, the same count on every node -> BatchRequest
+* several GPU types, or uneven counts per node -> HetJobRequest, one component
+  per (type, even node group); ranks follow the components, so the plan's shard
+  weights are permuted into that order
+* forked copies (HadarE) -> one ArrayRequest per copy shape, disjoint index
+  ranges, chunked to MaxArraySize, plus a ConsolidationRequest after them all
+* a co-location group -> one PackRequest (see ``pack_parts``)
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+from slurmhet.cluster import Inventory
+from slurmhet.emit.multipart import Part
+from slurmhet.emit.requests import (ArrayChunk, ArrayRequest, BatchRequest, Common, ConsolidationRequest, GpuShape,
+                                    HetJobRequest, Launch, PackMember, PackRequest)
+from slurmhet.errors import InputError
+from slurmhet.planner.model import Allocation, JobPlan
+from slurmhet.slurm.profile import SiteProfile
+from slurmhet.spec import JobSpec
+
+PACK_SHARING_SETTINGS = ("gpu", "auto")
+
+
+@dataclass(frozen=True)
+class EmitSettings:
+    """Site and command settings emission needs besides the plan and the profile."""
+
+    log_dir: str
+    launcher: tuple[str, ...]  # e.g. (sys.executable, "-m", "slurmhet", "run", "--")
+    slurmhet: tuple[str, ...]  # e.g. (sys.executable, "-m", "slurmhet")
+    partition: str | None = None
+    #: "gpu": packs take a whole GPU; "auto": gres/mps, else gres/shard, where the pack's node has them.
+    pack_sharing: str = "gpu"
+    #: What a consolidation runs after averaging so the next round gets planned (e.g. a replan command).
+    after_consolidation: tuple[str, ...] = ()
+
+
+def _common(job_id: int, spec: JobSpec, settings: EmitSettings, also: tuple[int, ...] = ()) -> Common:
+    return Common(job_id=job_id, name=spec.name, log_dir=settings.log_dir, time_limit_min=spec.time_limit_min,
+                  partition=settings.partition, extra=spec.sbatch, also=also)
+
+
+def _spec_env(spec: JobSpec) -> tuple[tuple[str, str], ...]:
+    ckpt = (("SLURMHET_CHECKPOINT_DIR", spec.checkpoint_dir),) if spec.checkpoint_dir else ()
+    return ckpt + spec.env
+
+
+def gpu_shapes(allocation: Allocation, weights: Sequence[float]) -> tuple[list[GpuShape], tuple[float, ...]]:
+    """Group an allocation's slots into Slurm shapes (equal GPUs per node) and reorder weights to match.
+
+    Slurm gives a component's tasks node by node, components in order; the plan
+    numbers ranks in slot order. Both orders are expanded here so rank r of the
+    emitted job gets the weight the plan gave that GPU.
+    """
+    slot_ranks: dict[tuple[str, str], list[int]] = {}
+    rank = 0
+    for node, gpu_type, count in allocation.slots:
+        slot_ranks[(node, gpu_type)] = list(range(rank, rank + count))
+        rank += count
+    by_type: dict[str, list[tuple[str, int]]] = defaultdict(list)
+    for node, gpu_type, count in allocation.slots:
+        by_type[gpu_type].append((node, count))
+    shapes: list[GpuShape] = []
+    for gpu_type, nodes in by_type.items():
+        counts = {c for _, c in nodes}
+        groups = [nodes] if len(counts) == 1 else [[n] for n in nodes]
+        shapes += [GpuShape(gpu_type, g[0][1], len(g), tuple(n for n, _ in g)) for g in groups]
+    order = [r for s in shapes for node in s.nodelist for r in slot_ranks[(node, s.gpu_type)]]
+    return shapes, tuple(weights[r] for r in order) if weights else ()
+
+
+def requests_for(job_id: int, spec: JobSpec, job_plan: JobPlan, profile: SiteProfile, settings: EmitSettings, *,
+                 copies: Sequence[Allocation] = (), round: int = 0) -> list[Part]:
+    """The parts that run ``job_plan`` (``copies``: HadarE's forked copies this round, one allocation each)."""
+    launch = Launch(program=spec.command, launcher=settings.launcher, env=_spec_env(spec))
+    common = _common(job_id, spec, settings)
+    if len(copies) > 1:
+        return _forked(job_id, spec, launch, common, copies, profile, settings, round)
+    if job_plan.allocation is None or not job_plan.allocation.slots:
+        raise InputError(f"job {spec.name!r} has no allocation in this plan", place=f"job {job_id}",
+                         hint=job_plan.wait_reason or "it waits for the next round")
+    shapes, weights = gpu_shapes(job_plan.allocation, job_plan.shard_weights)
+    style = profile.gpu_request_style
+    if len(shapes) == 1:
+        s = shapes[0]
+        return [Part(BatchRequest(common, launch, s.gpu_type, s.gpus_per_node, s.nodes, s.nodelist, style, weights))]
+    return [Part(HetJobRequest(common, launch, tuple(shapes), style, weights))]
+
+
+def _forked(job_id: int, spec: JobSpec, launch: Launch, common: Common, copies: Sequence[Allocation],
+            profile: SiteProfile, settings: EmitSettings, round: int) -> list[Part]:
+    if not spec.checkpoint_dir:
+        raise InputError(f"job {spec.name!r} is forked but has no checkpoint_dir to consolidate in",
+                         place=spec.place("checkpoint_dir") or f"job {job_id}", hint="set checkpoint_dir")
+    groups: dict[tuple[str, int], list[str]] = defaultdict(list)
+    for copy in copies:
+        if len(copy.slots) != 1:
+            raise InputError(f"a forked copy of job {spec.name!r} spans {len(copy.slots)} node/type slots",
+                             place=f"job {job_id}", hint="each copy is a gang on one node of one type")
+        node, gpu_type, count = copy.slots[0]
+        groups[(gpu_type, count)].append(node)
+    parts: list[Part] = []
+    first = 0
+    for (gpu_type, count), nodes in groups.items():
+        # One array per copy shape; pin nodes only when all its copies share one (per-task nodelists do not exist).
+        pinned = tuple(sorted(set(nodes))) if len(set(nodes)) == 1 else ()
+        request = ArrayRequest(common, launch, GpuShape(gpu_type, count, 1, pinned), ArrayChunk(first, len(nodes)),
+                               throttle=len(nodes), round=round, gpu_request_style=profile.gpu_request_style)
+        parts += [Part(chunk) for chunk in request.chunks(profile.max_array_size)]
+        first += len(nodes)
+    consolidation = ConsolidationRequest(common, settings.slurmhet, spec.checkpoint_dir, tuple(range(first)),
+                                         round=round, then=settings.after_consolidation)
+    return parts + [Part(consolidation, after=tuple(range(len(parts))))]
+
+
+def pack_parts(members: Sequence[tuple[int, JobSpec, JobPlan]], profile: SiteProfile, settings: EmitSettings,
+               inventory: Inventory) -> list[Part]:
+    """One pack for a co-location group: every member planned onto the same single GPU."""
+    if settings.pack_sharing not in PACK_SHARING_SETTINGS:
+        raise InputError(f"unknown pack sharing {settings.pack_sharing!r}", place="pack_sharing",
+                         hint=" | ".join(PACK_SHARING_SETTINGS))
+    slots = {jp.allocation.slots if jp.allocation else () for _, _, jp in members}
+    if len(slots) != 1 or len(next(iter(slots))) != 1 or next(iter(slots))[0][2] != 1:
+        raise InputError("a co-location group must share exactly one GPU", place=f"jobs {[m[0] for m in members]}",
+                         hint="the planner puts a group on one GPU")
+    (node_name, gpu_type, _), = next(iter(slots))
+    sharing, share_count = "gpu", 1
+    if settings.pack_sharing == "auto":
+        node = inventory.node(node_name)
+        per_gpu = max(node.gpus.get(gpu_type, 0), 1)
+        if profile.has_mps and node.mps:
+            sharing, share_count = "mps", node.mps // per_gpu
+        elif profile.has_shard and node.shards:
+            sharing, share_count = "shard", node.shards // per_gpu
+    lead_id, lead_spec, _ = members[0]
+    pack_members = tuple(PackMember(job_id, spec.name, spec.command, _spec_env(spec)) for job_id, spec, _ in members)
+    limits = [spec.time_limit_min for _, spec, _ in members]
+    common = replace(_common(lead_id, lead_spec, settings, also=tuple(m[0] for m in members[1:])),
+                     time_limit_min=None if None in limits else max(limits))  # type: ignore[type-var]
+    return [Part(PackRequest(common, settings.launcher, settings.slurmhet, gpu_type, pack_members, sharing,
+                             share_count, (node_name,), profile.gpu_request_style))]

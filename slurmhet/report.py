@@ -1,0 +1,245 @@
+"""sacct-based reporting: per-job JCT, queueing, GPU-hours by type; cluster makespan and utilisation.
+
+``build_report`` is pure: it folds accounting records (het components, array
+tasks; ``.batch``/``.extern`` steps dropped) into the slurmhet jobs that own them
+and computes the metrics. The CLI gathers the inputs and prints or plots.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Iterable, Mapping, Sequence
+
+from slurmhet.slurm.parsers import AccountingRecord, QueueRecord, SlurmJobId, parse_tres
+
+_FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL"}
+
+
+@dataclass(frozen=True)
+class StoredJob:
+    """What the store knows of one slurmhet job, without the ORM."""
+
+    id: int
+    name: str
+    owner: str
+    weight: float
+    predicted_jct_s: float | None
+    slurm_ids: tuple[str, ...]
+    restarts: int = 0
+    emulated: bool = False
+
+
+@dataclass
+class JobReport:
+    id: int
+    name: str
+    owner: str
+    state: str
+    submit: datetime | None
+    start: datetime | None
+    end: datetime | None
+    queue_s: float | None
+    run_s: float | None
+    jct_s: float | None
+    gpu_hours: dict[str, float]
+    predicted_jct_s: float | None
+    restarts: int
+    slurm_ids: list[str]
+    emulated: bool
+
+    def row(self) -> dict[str, object]:
+        out = asdict(self)
+        out["gpu_hours"] = {k: round(v, 6) for k, v in sorted(self.gpu_hours.items())}
+        return out
+
+
+@dataclass
+class ClusterReport:
+    jobs: list[JobReport]
+    makespan_s: float | None
+    avg_jct_s: float | None
+    weighted_jct_s: float | None
+    avg_queue_s: float | None
+    gpu_hours: dict[str, float]
+    utilization: dict[str, float]
+    plan_error: float | None
+    window: tuple[datetime | None, datetime | None]
+    notices: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "jobs": [j.row() for j in self.jobs],
+            "cluster": {
+                "makespan_s": self.makespan_s, "avg_jct_s": self.avg_jct_s, "weighted_jct_s": self.weighted_jct_s,
+                "avg_queue_s": self.avg_queue_s, "gpu_hours": {k: round(v, 6) for k, v in self.gpu_hours.items()},
+                "utilization": {k: round(v, 4) for k, v in self.utilization.items()},
+                "plan_error": self.plan_error,
+                "window": [w.isoformat() if w else None for w in self.window],
+            },
+            "notices": self.notices,
+        }
+
+    def to_csv(self) -> str:
+        buffer = io.StringIO()
+        types = sorted(self.gpu_hours)
+        writer = csv.writer(buffer)
+        writer.writerow(["id", "name", "owner", "state", "submit", "start", "end", "queue_s", "run_s", "jct_s",
+                         "predicted_jct_s", "restarts", *[f"gpu_hours_{t}" for t in types]])
+        for j in self.jobs:
+            writer.writerow([j.id, j.name, j.owner, j.state, j.submit, j.start, j.end, j.queue_s, j.run_s, j.jct_s,
+                             j.predicted_jct_s, j.restarts, *[round(j.gpu_hours.get(t, 0.0), 6) for t in types]])
+        return buffer.getvalue()
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _job_state(states: Sequence[str]) -> str:
+    if not states:
+        return "UNKNOWN"
+    if any(s not in _FINAL for s in states):
+        return "RUNNING" if "RUNNING" in states else "PENDING"
+    for bad in ("FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "CANCELLED"):
+        if bad in states:
+            return bad
+    return "COMPLETED"
+
+
+def gpu_hours(record: AccountingRecord) -> dict[str, float]:
+    """GPU-hours by type of one allocation: ``gres/gpu:<type>`` x elapsed."""
+    return {t: n * record.elapsed_s / 3600.0 for t, n in record.gpus_by_type().items()}
+
+
+def fold(job: StoredJob, records: Iterable[AccountingRecord]) -> JobReport:
+    """All of a job's allocations (het components, array tasks, resubmissions) into one row."""
+    mine = [r for r in records if not r.id.is_step and r.id.job in job.slurm_ids]
+    hours: dict[str, float] = {}
+    for record in mine:
+        for gpu_type, value in gpu_hours(record).items():
+            hours[gpu_type] = hours.get(gpu_type, 0.0) + value
+    submits = [r.submit for r in mine if r.submit]
+    starts = [r.start for r in mine if r.start]
+    state = _job_state([r.state for r in mine])
+    ends = [r.end for r in mine if r.end] if state in _FINAL else []
+    submit, start, end = (min(submits) if submits else None), (min(starts) if starts else None), (max(ends) if ends else None)
+    return JobReport(
+        id=job.id, name=job.name, owner=job.owner, state=state, submit=submit, start=start, end=end,
+        queue_s=(start - submit).total_seconds() if start and submit else None,
+        run_s=(end - start).total_seconds() if end and start else None,
+        jct_s=(end - submit).total_seconds() if end and submit else None,
+        gpu_hours=hours, predicted_jct_s=job.predicted_jct_s, restarts=job.restarts,
+        slurm_ids=sorted(set(job.slurm_ids)), emulated=job.emulated,
+    )
+
+
+def records_from_queue(queue: Iterable[QueueRecord], now: datetime) -> list[AccountingRecord]:
+    """Accounting-shaped rows from squeue, for sites without accounting (live and recent jobs only)."""
+    out = []
+    for q in queue:
+        final = q.state in _FINAL
+        end = q.end if final else None
+        elapsed = ((end or now) - q.start).total_seconds() if q.start and q.start <= now else 0.0
+        out.append(AccountingRecord(
+            id=SlurmJobId(q.root_id, het_offset=q.het_offset, array_task=q.array_task), raw_id=q.job_id,
+            name=q.name, state=q.state, exit_code="", submit=q.submit, start=q.start if q.start and q.start <= now
+            else None, end=end, elapsed_s=int(elapsed), alloc_tres=parse_tres(q.alloc_tres), nodes=q.nodes,
+            comment=q.comment, user=q.user, partition="",
+        ))
+    return out
+
+
+def build_report(jobs: Sequence[StoredJob], records: Sequence[AccountingRecord],
+                 capacity: Mapping[str, int], notices: Sequence[str] = ()) -> ClusterReport:
+    """Per-job rows plus cluster metrics over the window the jobs span."""
+    rows = [fold(job, records) for job in jobs]
+    weights = {job.id: job.weight for job in jobs}
+    done = [r for r in rows if r.jct_s is not None]
+    submits = [r.submit for r in rows if r.submit]
+    ends = [r.end for r in rows if r.end]
+    window_start, window_end = (min(submits) if submits else None), (max(ends) if ends else None)
+    window_h = (window_end - window_start).total_seconds() / 3600.0 if window_start and window_end else 0.0
+    totals: dict[str, float] = {}
+    for row in rows:
+        for gpu_type, value in row.gpu_hours.items():
+            totals[gpu_type] = totals.get(gpu_type, 0.0) + value
+    utilization = {t: (totals.get(t, 0.0) / (n * window_h) if window_h > 0 else 0.0) for t, n in capacity.items() if n}
+    errors = [abs(r.predicted_jct_s - r.jct_s) / r.jct_s for r in done if r.predicted_jct_s and r.jct_s]
+    weight_sum = sum(weights[r.id] for r in done)
+    all_notices = list(notices)
+    if any(r.emulated for r in rows):
+        all_notices.append("GPU speed was emulated (SLURMHET_EMULATE_THROUGHPUT=1): timings follow the throughput "
+                           "table, not real GPUs")
+    return ClusterReport(
+        jobs=rows,
+        makespan_s=window_h * 3600.0 if window_h else None,
+        avg_jct_s=_mean([r.jct_s for r in done if r.jct_s is not None]),
+        weighted_jct_s=(sum(weights[r.id] * r.jct_s for r in done if r.jct_s is not None) / weight_sum
+                        if weight_sum else None),
+        avg_queue_s=_mean([r.queue_s for r in rows if r.queue_s is not None]),
+        gpu_hours=totals,
+        utilization=utilization,
+        plan_error=_mean(errors),
+        window=(window_start, window_end),
+        notices=all_notices,
+    )
+
+
+def write_plots(report: ClusterReport, directory: str) -> list[str]:
+    """JCT CDF, a Gantt chart per GPU type, and utilisation over time, as PNGs."""
+    import os
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    os.makedirs(directory, exist_ok=True)
+    written = []
+    jcts = sorted(r.jct_s for r in report.jobs if r.jct_s is not None)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.step(jcts, [(i + 1) / len(jcts) for i in range(len(jcts))] if jcts else [], where="post")
+    ax.set_xlabel("JCT (s)")
+    ax.set_ylabel("fraction of jobs")
+    ax.set_title("JCT CDF")
+    path = os.path.join(directory, "jct_cdf.png")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    written.append(path)
+    origin = report.window[0]
+    types = sorted(report.gpu_hours) or ["gpu"]
+    fig, axes = plt.subplots(len(types), 1, figsize=(8, 2 + 1.2 * len(types)), squeeze=False)
+    for ax, gpu_type in zip(axes[:, 0], types):
+        rows = [r for r in report.jobs if r.gpu_hours.get(gpu_type) and r.start and r.end]
+        for i, r in enumerate(rows):
+            assert r.start and r.end and origin
+            ax.barh(i, (r.end - r.start).total_seconds(), left=(r.start - origin).total_seconds())
+        ax.set_yticks(range(len(rows)), [f"{r.id} {r.name[:16]}" for r in rows])
+        ax.set_title(f"Gantt: {gpu_type}")
+    axes[-1, 0].set_xlabel("seconds since first submit")
+    fig.tight_layout()
+    path = os.path.join(directory, "gantt.png")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    written.append(path)
+    fig, ax = plt.subplots(figsize=(6, 4))
+    events = sorted({t for r in report.jobs for t in (r.start, r.end) if t})
+    for gpu_type in types:
+        busy = []
+        for t in events:
+            busy.append(sum(r.gpu_hours.get(gpu_type, 0.0) * 3600.0 / r.run_s for r in report.jobs
+                            if r.start and r.end and r.run_s and r.start <= t < r.end))
+        if origin:
+            ax.step([(t - origin).total_seconds() for t in events], busy, where="post", label=gpu_type)
+    ax.set_xlabel("seconds since first submit")
+    ax.set_ylabel("GPUs busy")
+    ax.set_title("utilisation over time")
+    ax.legend()
+    path = os.path.join(directory, "utilization.png")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    written.append(path)
+    return written

@@ -1,0 +1,138 @@
+"""Pure emission rules: refusals Slurm would make, array chunking, plan -> Slurm form mapping."""
+
+from __future__ import annotations
+
+import pytest
+
+from slurmhet.cluster import Inventory, Node
+from slurmhet.emit.from_plan import EmitSettings, gpu_shapes, pack_parts, requests_for
+from slurmhet.emit.requests import (ArrayChunk, ArrayRequest, BatchRequest, Common, ConsolidationRequest, GpuShape,
+                                    HetJobRequest, Launch, PackRequest, chunk_array)
+from slurmhet.errors import InputError
+from slurmhet.planner.model import Allocation, JobPlan
+from slurmhet.slurm.profile import SiteProfile
+from slurmhet.spec import GpuRequest, JobSpec, Workload
+
+LAUNCH = Launch(("true",), ("python", "-m", "slurmhet", "run", "--"))
+PROFILE = SiteProfile("22.05.8", True, 1001, 10**6, "gres", False, True, True)
+SETTINGS = EmitSettings("/logs", LAUNCH.launcher, ("python", "-m", "slurmhet"), pack_sharing="auto")
+
+
+def _common(**kw: object) -> Common:
+    return Common(job_id=1, name="j", log_dir="/logs", **kw)  # type: ignore[arg-type]
+
+
+def _spec(**kw: object) -> JobSpec:
+    return JobSpec(name="j", workload=Workload("ResNet-18", 64), global_batch=64, command=("train",), steps=10,
+                   gpus=GpuRequest(1, 8), **kw)  # type: ignore[arg-type]
+
+
+def _plan(slots: tuple[tuple[str, str, int], ...], weights: tuple[float, ...] = (), group: str | None = None) -> JobPlan:
+    return JobPlan("1", Allocation(slots), weights, 1.0, 1.0, 0.0, 1.0, 1.0, 0, colocation_group=group)
+
+
+def test_het_job_that_is_an_array_is_refused() -> None:
+    req = HetJobRequest(_common(extra=(("array", "0-3"),)), LAUNCH, (GpuShape("v100", 1), GpuShape("t4", 1)))
+    with pytest.raises(InputError, match="heterogeneous job cannot also be a job array"):
+        req.materialize()
+
+
+@pytest.mark.parametrize("extra", [(("gres", "mps:50"),), (("gres", "gpu:1,mps:50"),)])
+def test_gpu_with_mps_is_refused(extra: tuple[tuple[str, str], ...]) -> None:
+    with pytest.raises(InputError, match="gpu and mps cannot be requested together"):
+        BatchRequest(_common(extra=extra), LAUNCH, "v100", 1).materialize()
+
+
+def test_mps_pack_alone_is_accepted_and_requests_only_mps() -> None:
+    pack = pack_parts([(1, _spec(), _plan((("nodea", "v100", 1),))), (2, _spec(), _plan((("nodea", "v100", 1),)))],
+                      PROFILE, SETTINGS, _inventory())[0].request
+    assert isinstance(pack, PackRequest)
+    argv = pack.materialize().argv
+    assert "--gres=mps:v100:100" in argv and not any(a.startswith("--gres=gpu") for a in argv)
+    assert "--comment=slurmhet:1,2" in argv
+
+
+def test_het_weights_must_cover_every_rank() -> None:
+    req = HetJobRequest(_common(), LAUNCH, (GpuShape("v100", 2), GpuShape("t4", 1)), shard_weights=(0.5, 0.5))
+    with pytest.raises(InputError, match="2 shard weights for 3 ranks"):
+        req.materialize()
+
+
+def test_one_component_is_not_a_het_job() -> None:
+    with pytest.raises(InputError, match="at least two components"):
+        HetJobRequest(_common(), LAUNCH, (GpuShape("v100", 2),)).materialize()
+
+
+@pytest.mark.parametrize("first,count,limit,expected", [
+    (0, 5, 1001, [(0, 5, 0)]),
+    (2, 3, 1001, [(2, 3, 0)]),  # forked copies keep their task numbers
+    (0, 5000, 1001, [(0, 1001, 0), (0, 1001, 1001), (0, 1001, 2002), (0, 1001, 3003), (0, 996, 4004)]),
+    (999, 3, 1001, [(0, 3, 999)]),  # index 1001 would be refused: restart at 0 with an offset
+])
+def test_chunk_array(first: int, count: int, limit: int, expected: list[tuple[int, int, int]]) -> None:
+    chunks = chunk_array(first, count, limit)
+    assert [(c.first_index, c.count, c.task_offset) for c in chunks] == expected
+    tasks = [c.task_offset + i for c in chunks for i in range(c.first_index, c.last_index + 1)]
+    assert tasks == list(range(first, first + count)) and all(c.last_index < limit for c in chunks)
+
+
+def test_array_spec_and_store_rows_per_task() -> None:
+    from slurmhet.emit.multipart import SubmittedPart
+    req = ArrayRequest(_common(), LAUNCH, GpuShape("k80", 1), ArrayChunk(0, 1001, 2002), throttle=5, round=3)
+    assert "--array=0-1000%5" in req.materialize().argv
+    rows = SubmittedPart("array", "77", req, ()).store_rows()
+    assert len(rows) == 1001 and rows[-1]["array_task"] == 1000 and {r["round"] for r in rows} == {3}
+
+
+def test_consolidation_needs_its_array_ids() -> None:
+    with pytest.raises(InputError, match="array job ids"):
+        ConsolidationRequest(_common(), ("slurmhet",), "/ckpt", (0, 1)).materialize()
+
+
+def test_gpu_shapes_permute_weights_into_slurm_rank_order() -> None:
+    # plan order (sorted slots): nodea/v100 x2, nodeb/t4 x1, nodec/v100 x1 -> v100 uneven: one component per node
+    alloc = Allocation((("nodea", "v100", 2), ("nodeb", "t4", 1), ("nodec", "v100", 1)))
+    shapes, weights = gpu_shapes(alloc, (0.3, 0.3, 0.1, 0.3))
+    assert [(s.gpu_type, s.gpus_per_node, s.nodelist) for s in shapes] == [
+        ("v100", 2, ("nodea",)), ("v100", 1, ("nodec",)), ("t4", 1, ("nodeb",))]
+    assert weights == (0.3, 0.3, 0.3, 0.1)
+
+
+def test_plan_shapes_map_to_slurm_forms() -> None:
+    one = requests_for(1, _spec(), _plan((("nodea", "v100", 2), ("nodeb", "v100", 2))), PROFILE, SETTINGS)
+    assert [type(p.request) for p in one] == [BatchRequest]
+    assert one[0].request.nodes == 2 and one[0].request.nodelist == ("nodea", "nodeb")  # type: ignore[union-attr]
+    two = requests_for(1, _spec(), _plan((("nodea", "v100", 1), ("nodeb", "t4", 1)), (0.7, 0.3)), PROFILE, SETTINGS)
+    assert [type(p.request) for p in two] == [HetJobRequest]
+    assert "SLURMHET_SHARD_WEIGHTS=0.700000,0.300000" in two[0].request.materialize().script
+
+
+def test_forked_copies_become_arrays_then_a_dependent_consolidation() -> None:
+    copies = (Allocation((("nodea", "v100", 2),)), Allocation((("nodeb", "t4", 2),)), Allocation((("nodex", "t4", 2),)))
+    spec = _spec(sync="local-sgd", checkpoint_dir="/ckpt")
+    parts = requests_for(1, spec, _plan(copies[0].slots), PROFILE, SETTINGS, copies=copies, round=2)
+    assert [p.role for p in parts] == ["array", "array", "consolidation"]
+    arrays = [p.request for p in parts[:2]]
+    assert [a.array_spec() for a in arrays] == ["0%1", "1-2%2"]  # type: ignore[union-attr]
+    assert parts[2].after == (0, 1) and parts[2].request.copy_tasks == (0, 1, 2)  # type: ignore[union-attr]
+    assert "SLURMHET_CHECKPOINT_DIR=/ckpt" in arrays[0].materialize().script
+
+
+def test_forked_job_without_checkpoint_dir_is_refused() -> None:
+    copies = (Allocation((("nodea", "v100", 1),)), Allocation((("nodeb", "t4", 1),)))
+    with pytest.raises(InputError, match="checkpoint_dir"):
+        requests_for(1, _spec(sync="local-sgd"), _plan(copies[0].slots), PROFILE, SETTINGS, copies=copies)
+
+
+def _inventory() -> Inventory:
+    return Inventory((Node("nodea", {"v100": 4}, mps=400), Node("nodeb", {"t4": 4}, shards=8), Node("nodec", {"k80": 2})))
+
+
+def test_pack_sharing_follows_the_node() -> None:
+    def pack(node: str, gpu: str, sharing: str) -> PackRequest:
+        s = EmitSettings("/logs", LAUNCH.launcher, ("slurmhet",), pack_sharing=sharing)
+        plans = [(i, _spec(), _plan(((node, gpu, 1),))) for i in (1, 2)]
+        return pack_parts(plans, PROFILE, s, _inventory())[0].request  # type: ignore[return-value]
+    assert (pack("nodea", "v100", "auto").sharing, pack("nodea", "v100", "auto").share_count) == ("mps", 100)
+    assert (pack("nodeb", "t4", "auto").sharing, pack("nodeb", "t4", "auto").share_count) == ("shard", 2)
+    assert pack("nodec", "k80", "auto").sharing == "gpu" and pack("nodea", "v100", "gpu").sharing == "gpu"
