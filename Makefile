@@ -7,6 +7,8 @@ SLURMHET  := $(VENV)/bin/slurmhet
 DEVCLUSTER := etc/devcluster/devcluster
 PGCLUSTER  := etc/devcluster/pgcluster
 export SLURMHET_STATE_DIR ?= $(CURDIR)/.state
+# The dev cluster's GPU types (v100, t4, k80): Gavel's table plus flagged t4 priors.
+export SLURMHET_THROUGHPUT_TABLE ?= $(CURDIR)/etc/throughput/devcluster.yaml
 
 .PHONY: demo test setup cluster-up cluster-down pg-up pg-down spank goldens clean
 

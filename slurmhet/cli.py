@@ -139,29 +139,29 @@ def cluster(obj: Context, as_json: bool) -> None:
 
 @main.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
-@click.option("--dry-run", is_flag=True, help="print each script and sbatch argv; store and submit nothing")
+@click.option("--dry-run", is_flag=True, help="print the plan, each script and sbatch argv; store and submit nothing")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def submit(obj: Context, files: tuple[str, ...], dry_run: bool, as_json: bool) -> None:
-    """Validate, store and submit the jobs in FILES."""
-    from slurmhet.submission import Submitter
+    """Validate and store the jobs in FILES, plan them with the pending ones, submit what starts now."""
+    from slurmhet.submission import submit_new
 
     specs = _load_specs(files)
     inventory = obj.inventory()
-    submitter = Submitter(obj.db if not dry_run else None, obj.client, obj.profile, obj.settings, obj.runner)  # type: ignore[arg-type]
-    outcomes = submitter.submit_new(specs, inventory, dry_run)
+    outcomes = submit_new(None if dry_run else obj.db, (obj.client, obj.profile, obj.settings, obj.runner),
+                          specs, inventory, dry_run)
     if as_json:
         _emit_json({"jobs": [o.to_json() for o in outcomes]})
     else:
         for o in outcomes:
             if dry_run:
-                click.echo(f"# job {o.name!r}: {o.gpus} x {o.gpu_type} on {','.join(o.nodes)}")
-                click.echo("# argv: " + " ".join(_shell_join(o.argv)) if o.argv else "# argv: (submitit)")
-                click.echo(o.script)
+                click.echo(f"# job {o.name!r}: {o.allocation}" + (f" ({o.reason})" if o.reason else ""))
+                for part in o.rendered:
+                    click.echo(f"# {part['role']} argv: " + " ".join(_shell_join(part["argv"])))
+                    click.echo(part["script"])
             else:
-                where = f"{o.gpus} x {o.gpu_type} on {','.join(o.nodes)}"
-                tail = f"Slurm job {o.slurm_job_id}" if o.slurm_job_id else f"refused: {o.reason}"
-                click.echo(f"{o.job_id}\t{o.name}\t{o.state}\t{where}\t{tail}")
+                tail = ("Slurm job " + ",".join(o.slurm_job_ids)) if o.slurm_job_ids else o.reason
+                click.echo(f"{o.job_id}\t{o.name}\t{o.state}\t{o.allocation}\t{tail}")
     if any(o.state == "SUBMIT_FAILED" for o in outcomes):
         err_console.print("slurmhet: failure: Slurm refused some jobs; they stay stored as SUBMIT_FAILED "
                           "and `slurmhet replan` retries them", markup=False)

@@ -1,9 +1,11 @@
-"""``slurmhet submit``: validate, store, place, emit, record.
+"""Plan and dispatch: from stored + new jobs to a Plan, and from a Plan to Slurm parts in the store.
 
-Order matters for "no job is lost": jobs are stored (and committed) before sbatch
-runs, each Slurm answer is recorded right after, and every Slurm job carries
-``--comment=slurmhet:<id>`` so a crash between sbatch and the record is adopted by
-the next sync. A refusal leaves the job in SUBMIT_FAILED with Slurm's words.
+``slurmhet submit`` (the fast path) and ``slurmhet replan`` (the periodic one)
+share this. Order matters for "no job is lost": jobs are stored (and committed)
+before sbatch runs, each Slurm answer is recorded right after, and every Slurm
+job carries ``--comment=slurmhet:<id>`` so a crash between sbatch and the record
+is found by the next sync. A refusal leaves the job SUBMIT_FAILED with Slurm's
+words, and the next replan retries it.
 """
 
 from __future__ import annotations
@@ -11,166 +13,294 @@ from __future__ import annotations
 import os
 import pwd
 import sys
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Callable, Sequence
 
 from slurmhet.cluster import Inventory
 from slurmhet.config import Settings
-from slurmhet.emit.requests import BatchRequest, Common, Launch, Materialized
+from slurmhet.emit.from_plan import EmitSettings, pack_parts, requests_for
+from slurmhet.emit.multipart import MultiPartOutcome, MultiPartSubmitter, Part
 from slurmhet.errors import InputError
+from slurmhet.planner import POLICIES, Allocation, JobPlan, Plan, PlanningInput, plan_job_from_spec
 from slurmhet.slurm.client import SlurmClient
 from slurmhet.slurm.profile import SiteProfile
-from slurmhet.slurm.runner import SlurmCommandError
-from slurmhet.spec import JobSpec, check_against_cluster
-from slurmhet.store import Database, JobState, SlurmJob, add_event, create_job, get_job
+from slurmhet.slurm.runner import SlurmCommandError, SlurmRunner
+from slurmhet.spec import JobSpec, check_against_cluster, parse_job
+from slurmhet.store import Database, Job, JobState, SlurmJob, add_event, create_job, get_job
+from slurmhet.throughput import ThroughputTable, load_tables
+
+#: Jobs the planner may still place (not yet in Slurm, or refused by it).
+UNPLACED = (JobState.PENDING, JobState.SUBMIT_FAILED)
+#: Jobs holding (or about to hold) GPUs: pinned where they are.
+PLACED = (JobState.SUBMITTED, JobState.RUNNING)
 
 
 def current_user() -> str:
     return pwd.getpwuid(os.getuid()).pw_name
 
 
+def throughput_table(settings: Settings) -> ThroughputTable:
+    return load_tables([settings.throughput_table] if settings.throughput_table else [])
+
+
+def emit_settings(settings: Settings) -> EmitSettings:
+    slurmhet = (sys.executable, "-m", "slurmhet")
+    return EmitSettings(log_dir=str(settings.log_dir), launcher=(*slurmhet, "run", "--"), slurmhet=slurmhet,
+                        partition=settings.slurm.partition, pack_sharing="auto")
+
+
 @dataclass(frozen=True)
-class Placement:
-    """Where one job runs when it is on one GPU type."""
+class Candidate:
+    """A job as the planner input needs it: its id, spec, when it arrived, and where it runs (if it does)."""
 
-    gpu_type: str
-    gpus_per_node: int
-    nodes: tuple[str, ...]
-    shard_weights: tuple[float, ...] = ()
-
-
-def first_fit(spec: JobSpec, inventory: Inventory) -> Placement:
-    """The first allowed type that can hold the job's max (else min) GPUs, packed onto as few nodes as possible."""
-    usable = inventory.usable()
-    by_type = usable.gpus_by_type()
-    for gpu_type in spec.gpus.types or tuple(by_type):
-        have = by_type.get(gpu_type, 0)
-        if have < spec.gpus.min:
-            continue
-        want = min(spec.gpus.max, have)
-        nodes = sorted((n for n in usable.nodes if n.gpus.get(gpu_type, 0) > 0), key=lambda n: -n.gpus[gpu_type])
-        # equal GPUs per node (Slurm's --gpus-per-node is per node): the largest even split that fits
-        for count in range(want, spec.gpus.min - 1, -1):
-            for n_nodes in range(1, len(nodes) + 1):
-                if count % n_nodes == 0 and all(n.gpus[gpu_type] >= count // n_nodes for n in nodes[:n_nodes]):
-                    return Placement(gpu_type, count // n_nodes, tuple(n.name for n in nodes[:n_nodes]))
-    raise InputError(f"job {spec.name!r}: no allowed GPU type has {spec.gpus.min} usable GPUs",
-                     place=spec.place("gpus"), hint="allow more types or lower gpus.min")
+    job_id: int
+    spec: JobSpec
+    submitted_at: float
+    current: Allocation | None = None
+    samples_done: float = 0.0
+    owner: str = ""
 
 
-def launch_for(spec: JobSpec) -> Launch:
-    """The job's program behind slurmhet's launcher, which sets RANK/WORLD_SIZE and the shard plan."""
-    return Launch(program=spec.command, launcher=(sys.executable, "-m", "slurmhet", "run", "--"), env=spec.env)
+def stored_allocation(job: Job) -> Allocation | None:
+    slots = (job.plan or {}).get("slots")
+    return Allocation(tuple((n, t, int(c)) for n, t, c in slots)) if slots else None
 
 
-def batch_request(job_id: int, spec: JobSpec, placement: Placement, profile: SiteProfile,
-                  settings: Settings, partition: str | None = None) -> BatchRequest:
-    return BatchRequest(
-        common=Common(job_id=job_id, name=spec.name, log_dir=str(settings.log_dir),
-                      time_limit_min=spec.time_limit_min, partition=partition, extra=spec.sbatch),
-        launch=launch_for(spec),
-        gpu_type=placement.gpu_type,
-        gpus_per_node=placement.gpus_per_node,
-        nodes=len(placement.nodes),
-        nodelist=placement.nodes,
-        gpu_request_style=profile.gpu_request_style,
-        shard_weights=placement.shard_weights,
-    )
+def candidate_of(job: Job, samples_done: float = 0.0) -> Candidate:
+    spec = parse_job(job.spec, f"store:job {job.id}")
+    current = stored_allocation(job) if job.state in PLACED else None
+    return Candidate(job.id, spec, job.created_at.timestamp(), current, samples_done, job.owner)
+
+
+def plan_for(candidates: Sequence[Candidate], inventory: Inventory, table: ThroughputTable, policy: str,
+             now: float, progress: Callable[[float], None] | None = None) -> Plan:
+    """Run the chosen planner over every candidate; placed jobs stay pinned."""
+    if policy not in POLICIES:
+        raise InputError(f"unknown policy {policy!r}", place="--policy", hint="one of " + ", ".join(POLICIES))
+    jobs = tuple(plan_job_from_spec(str(c.job_id), c.spec, c.submitted_at, samples_done=c.samples_done,
+                                    current=c.current) for c in candidates)
+    try:
+        return POLICIES[policy](PlanningInput(jobs, inventory.usable(), table, now=now), progress=progress)
+    except InputError as exc:
+        # Planner errors name the planner's job id; users know their jobs by name and spec line.
+        for c in candidates:
+            if f"job {str(c.job_id)!r}" in exc.cause:
+                raise InputError(exc.cause.replace(f"job {str(c.job_id)!r}", f"job {c.spec.name!r}"),
+                                 place=c.spec.place("workload"), hint=exc.hint) from exc
+        raise
+
+
+def plan_record(job_plan: JobPlan, policy: str) -> dict[str, Any]:
+    """What the store keeps of a job's plan (the replanner diffs against it)."""
+    alloc = job_plan.allocation
+    return {
+        "policy": policy, "slots": [list(s) for s in alloc.slots] if alloc else None,
+        "shard_weights": list(job_plan.shard_weights), "order": job_plan.order, "start_s": job_plan.start_s,
+        "finish_s": job_plan.finish_s, "jct_s": job_plan.jct_s, "colocation_group": job_plan.colocation_group,
+        "wait_reason": job_plan.wait_reason, "priors": list(job_plan.priors),
+        "emulated": os.environ.get("SLURMHET_EMULATE_THROUGHPUT") == "1",
+    }
 
 
 @dataclass
-class SubmitOutcome:
+class Dispatch:
+    """One slurmhet job's (or one pack's) Slurm parts, about to be submitted."""
+
+    job_ids: tuple[int, ...]
+    specs: tuple[JobSpec, ...]
+    parts: list[Part]
+
+
+@dataclass
+class Outcome:
     job_id: int
     name: str
     state: str
-    slurm_job_id: str | None
-    gpu_type: str
-    gpus: int
-    nodes: tuple[str, ...]
+    slurm_job_ids: list[str] = field(default_factory=list)
+    allocation: str = ""
     reason: str = ""
-    script: str = ""
-    argv: tuple[str, ...] = ()
+    rendered: list[dict[str, Any]] = field(default_factory=list)
 
-    def to_json(self) -> dict[str, object]:
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
-
-
-def _submit_entrypoint(job_id: int, spec: JobSpec, placement: Placement, profile: SiteProfile,
-                       settings: Settings, client_runner: object) -> str:
-    """Python entrypoints go through submitit, so users keep its Job handles and results."""
-    from slurmhet.emit.entrypoint import call_entrypoint
-    from slurmhet.emit.submitit_executor import RunnerSlurmExecutor
-
-    executor = RunnerSlurmExecutor(settings.state_dir / "submitit" / str(job_id), runner=client_runner)  # type: ignore[arg-type]
-    gres_key = "gres" if profile.gpu_request_style == "gres" else "gpus_per_node"
-    gres_value = f"gpu:{placement.gpu_type}:{placement.gpus_per_node}" if gres_key == "gres" else f"{placement.gpu_type}:{placement.gpus_per_node}"
-    extra = {k.replace("-", "_"): (v if v is not None else True) for k, v in spec.sbatch}
-    executor.update_parameters(
-        job_name=spec.name[:64], comment=f"slurmhet:{job_id}", time=spec.time_limit_min or 60,
-        nodes=len(placement.nodes), ntasks_per_node=1, **{gres_key: gres_value},
-        additional_parameters={"nodelist": ",".join(placement.nodes), **extra},
-    )
-    job = executor.submit(call_entrypoint, spec.entrypoint, list(spec.args), os.getcwd())
-    return str(job.job_id)
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
 
 
-class Submitter:
-    """Submits stored jobs; one instance per command."""
+def describe(alloc: Allocation | None) -> str:
+    if alloc is None:
+        return "waiting"
+    return " + ".join(f"{c}x{t}@{n}" for n, t, c in alloc.slots)
+
+
+def dispatches(plan: Plan, ready: dict[int, JobSpec], profile: SiteProfile, settings: Settings,
+               inventory: Inventory) -> list[Dispatch]:
+    """Parts for every ready job the plan places now; co-location groups become one pack each."""
+    emit = emit_settings(settings)
+    out: list[Dispatch] = []
+    groups: dict[str, list[tuple[int, JobSpec, JobPlan]]] = {}
+    for job_plan in sorted(plan.jobs, key=lambda jp: jp.order):
+        job_id = int(job_plan.job_id)
+        if job_id not in ready or job_plan.allocation is None:
+            continue
+        spec = ready[job_id]
+        if job_plan.colocation_group:
+            groups.setdefault(job_plan.colocation_group, []).append((job_id, spec, job_plan))
+        elif not spec.entrypoint:
+            out.append(Dispatch((job_id,), (spec,), requests_for(job_id, spec, job_plan, profile, emit)))
+        else:
+            out.append(Dispatch((job_id,), (spec,), []))  # submitted through submitit
+    for members in groups.values():
+        if len(members) == 1 or any(spec.entrypoint for _, spec, _ in members):
+            for job_id, spec, job_plan in members:
+                out.append(Dispatch((job_id,), (spec,), requests_for(job_id, spec, job_plan, profile, emit)))
+        else:
+            out.append(Dispatch(tuple(m[0] for m in members), tuple(m[1] for m in members),
+                                pack_parts(members, profile, emit, inventory)))
+    return out
+
+
+def render_parts(parts: Sequence[Part]) -> list[dict[str, Any]]:
+    """Materialize parts for --dry-run; dependencies show as placeholders."""
+    placeholders = [f"<part{i}>" for i in range(len(parts))]
+    out = []
+    for part in parts:
+        m = part.resolved(placeholders).materialize()
+        out.append({"role": part.role, "argv": m.sbatch_argv(), "script": m.script})
+    return out
+
+
+class Dispatcher:
+    """Submits what a plan places and records every part; one instance per command."""
 
     def __init__(self, db: Database, client: SlurmClient, profile: SiteProfile, settings: Settings,
-                 runner: object) -> None:
+                 runner: SlurmRunner) -> None:
         self.db, self.client, self.profile, self.settings, self.runner = db, client, profile, settings, runner
 
-    def render(self, job_id: int, spec: JobSpec, placement: Placement) -> Materialized:
-        return batch_request(job_id, spec, placement, self.profile, self.settings).materialize()
-
-    def submit_new(self, specs: Sequence[tuple[JobSpec, str]], inventory: Inventory, dry_run: bool) -> list[SubmitOutcome]:
-        for spec, _ in specs:
-            check_against_cluster(spec, inventory.usable())
-        placements = [first_fit(spec, inventory) for spec, _ in specs]
-        if dry_run:
-            return [self._outcome(0, spec, p, "DRY_RUN", None, rendered=self.render(0, spec, p) if spec.command else None)
-                    for (spec, _), p in zip(specs, placements)]
-        owner = current_user()
+    def record_plan(self, plan: Plan, job_ids: Sequence[int]) -> None:
+        wanted = {str(i) for i in job_ids}
         with self.db.transaction() as session:
-            ids = [create_job(session, spec, owner, source).id for spec, source in specs]
-        self.settings.log_dir.mkdir(parents=True, exist_ok=True)
-        return [self.submit_one(job_id, spec, p) for job_id, (spec, _), p in zip(ids, specs, placements)]
+            for job_plan in plan.jobs:
+                if job_plan.job_id not in wanted:
+                    continue
+                job = get_job(session, int(job_plan.job_id))
+                assert job is not None
+                job.plan = plan_record(job_plan, plan.policy)
+                job.predicted_jct_s = job_plan.jct_s
+                if job_plan.allocation is None and job.state in UNPLACED:
+                    job.reason = job_plan.wait_reason or "waiting for GPUs"
 
-    def submit_one(self, job_id: int, spec: JobSpec, placement: Placement) -> SubmitOutcome:
-        rendered: Materialized | None = None
-        try:
-            if spec.entrypoint:
-                slurm_id = _submit_entrypoint(job_id, spec, placement, self.profile, self.settings, self.runner)
-                argv: list[str] = ["submitit", spec.entrypoint]
-            else:
-                rendered = self.render(job_id, spec, placement)
-                slurm_id = self.client.submit(rendered.argv, rendered.script)
-                argv = rendered.sbatch_argv()
-        except SlurmCommandError as exc:
-            with self.db.transaction() as session:
+    def submit(self, dispatch: Dispatch, plan: Plan) -> list[Outcome]:
+        """Submit one dispatch; record the parts on every member job, or the refusal."""
+        self.settings.log_dir.mkdir(parents=True, exist_ok=True)
+        first = dispatch.job_ids[0]
+        if not dispatch.parts:
+            return [self._submit_entrypoint(first, dispatch.specs[0], plan.job(str(first)))]
+        outcome = MultiPartSubmitter(self.client).submit(dispatch.parts)
+        with self.db.transaction() as session:
+            results = []
+            for job_id, spec in zip(dispatch.job_ids, dispatch.specs):
                 job = get_job(session, job_id)
                 assert job is not None
-                job.state, job.reason, job.attempts = JobState.SUBMIT_FAILED, exc.message, job.attempts + 1
-                add_event(session, job, "submit_failed", exc.message, argv=exc.argv, returncode=exc.returncode)
-            return self._outcome(job_id, spec, placement, "SUBMIT_FAILED", None, reason=exc.message, rendered=rendered)
+                results.append(self._record(session, job, spec, outcome, plan.job(str(job_id)).allocation))
+        return results
+
+    def _record(self, session: Any, job: Job, spec: JobSpec, outcome: MultiPartOutcome,
+                alloc: Allocation | None) -> Outcome:
+        for part in outcome.live:
+            for row in part.store_rows():
+                job.slurm_jobs.append(SlurmJob(**row))
+        ids = [p.slurm_job_id for p in outcome.live]
+        job.attempts += 1
+        if outcome.ok:
+            job.state, job.reason = JobState.SUBMITTED, ""
+            add_event(session, job, "submitted", "Slurm job(s) " + ",".join(ids), slurm_job_ids=ids,
+                      allocation=describe(alloc))
+            return Outcome(job.id, spec.name, "SUBMITTED", ids, describe(alloc))
+        job.state, job.reason = JobState.SUBMIT_FAILED, outcome.message
+        add_event(session, job, "submit_failed", outcome.message, cancelled=list(outcome.cancelled),
+                  cancel_failed=list(outcome.cancel_failed), maybe_submitted=outcome.maybe_submitted)
+        return Outcome(job.id, spec.name, "SUBMIT_FAILED", ids, describe(alloc), outcome.message)
+
+    def _submit_entrypoint(self, job_id: int, spec: JobSpec, job_plan: JobPlan) -> Outcome:
+        """Python entrypoints go through submitit, so users keep its Job handles and results.
+
+        submitit holds one resource shape per job, so the job runs on the plan's
+        largest single-type share of its allocation.
+        """
+        from slurmhet.emit.entrypoint import call_entrypoint
+        from slurmhet.emit.submitit_executor import RunnerSlurmExecutor
+
+        assert job_plan.allocation is not None
+        by_type = job_plan.allocation.by_type()
+        gpu_type = max(by_type, key=lambda t: (by_type[t], t))
+        slots = [(n, c) for n, t, c in job_plan.allocation.slots if t == gpu_type]
+        per_node = min(c for _, c in slots)
+        executor = RunnerSlurmExecutor(self.settings.state_dir / "submitit" / str(job_id), runner=self.runner)
+        gpu_key, gpu_value = (("gres", f"gpu:{gpu_type}:{per_node}") if self.profile.gpu_request_style == "gres"
+                              else ("gpus_per_node", f"{gpu_type}:{per_node}"))
+        extra = {k.replace("-", "_"): (v if v is not None else True) for k, v in spec.sbatch}
+        executor.update_parameters(
+            job_name=spec.name[:64], comment=f"slurmhet:{job_id}", time=spec.time_limit_min or 60,
+            nodes=len(slots), ntasks_per_node=1, **{gpu_key: gpu_value},
+            additional_parameters={"nodelist": ",".join(n for n, _ in slots), **extra},
+        )
         with self.db.transaction() as session:
             job = get_job(session, job_id)
             assert job is not None
-            job.state, job.reason, job.attempts = JobState.SUBMITTED, "", job.attempts + 1
-            job.slurm_jobs.append(SlurmJob(slurm_job_id=slurm_id, role="batch", gpu_type=placement.gpu_type,
-                                           gpu_count=placement.gpus_per_node * len(placement.nodes),
-                                           nodes=",".join(placement.nodes), state="PENDING", argv=argv))
-            add_event(session, job, "submitted", f"Slurm job {slurm_id}", slurm_job_id=slurm_id)
-        return self._outcome(job_id, spec, placement, "SUBMITTED", slurm_id, rendered=rendered)
+            job.attempts += 1
+            try:
+                handle = executor.submit(call_entrypoint, spec.entrypoint, list(spec.args), os.getcwd())
+            except SlurmCommandError as exc:
+                job.state, job.reason = JobState.SUBMIT_FAILED, exc.message
+                add_event(session, job, "submit_failed", exc.message, argv=exc.argv)
+                return Outcome(job_id, spec.name, "SUBMIT_FAILED", [], describe(job_plan.allocation), exc.message)
+            slurm_id = str(handle.job_id)
+            job.state, job.reason = JobState.SUBMITTED, ""
+            job.slurm_jobs.append(SlurmJob(slurm_job_id=slurm_id, role="batch", gpu_type=gpu_type,
+                                           gpu_count=per_node * len(slots), nodes=",".join(n for n, _ in slots),
+                                           state="PENDING", argv=["submitit", str(spec.entrypoint)]))
+            add_event(session, job, "submitted", f"Slurm job {slurm_id} (submitit)", slurm_job_ids=[slurm_id])
+        return Outcome(job_id, spec.name, "SUBMITTED", [slurm_id], describe(job_plan.allocation))
 
-    @staticmethod
-    def _outcome(job_id: int, spec: JobSpec, p: Placement, state: str, slurm_id: str | None, reason: str = "",
-                 rendered: Materialized | None = None) -> SubmitOutcome:
-        return SubmitOutcome(job_id, spec.name, state, slurm_id, p.gpu_type, p.gpus_per_node * len(p.nodes), p.nodes,
-                             reason, rendered.script if rendered else "", tuple(rendered.sbatch_argv()) if rendered else ())
 
+def submit_new(db: Database | None, dispatcher_args: tuple[SlurmClient, SiteProfile, Settings, SlurmRunner],
+               specs: Sequence[tuple[JobSpec, str]], inventory: Inventory, dry_run: bool,
+               progress: Callable[[float], None] | None = None) -> list[Outcome]:
+    """`slurmhet submit`: store the new jobs, plan them with every unplaced job, submit what starts now."""
+    client, profile, settings, runner = dispatcher_args
+    for spec, _ in specs:
+        check_against_cluster(spec, inventory.usable())
+    table = throughput_table(settings)
+    now = datetime.now(timezone.utc).timestamp()
+    existing: list[Candidate] = []
+    if db is not None:
+        with db.transaction() as session:
+            from slurmhet.store import list_jobs
 
-def log_path(settings: Settings, job_id: int, slurm_id: str) -> Path:
-    return settings.log_dir / f"slurmhet-{job_id}-{slurm_id}.out"
+            existing = [candidate_of(j) for j in list_jobs(session, states=UNPLACED + PLACED)]
+    if dry_run:
+        fresh = [Candidate(-(i + 1), spec, now) for i, (spec, _) in enumerate(specs)]
+        plan = plan_for(existing + fresh, inventory, table, settings.default_policy, now, progress)
+        ready = {c.job_id: c.spec for c in fresh}
+        rendered = {d.job_ids[0]: render_parts(d.parts) for d in dispatches(plan, ready, profile, settings, inventory)}
+        return [Outcome(c.job_id, c.spec.name, "DRY_RUN", [], describe(plan.job(str(c.job_id)).allocation),
+                        plan.job(str(c.job_id)).wait_reason or "", rendered.get(c.job_id, [])) for c in fresh]
+    assert db is not None
+    owner = current_user()
+    with db.transaction() as session:
+        new_ids = [create_job(session, spec, owner, source).id for spec, source in specs]
+    fresh = [Candidate(i, spec, now, owner=owner) for i, (spec, _) in zip(new_ids, specs)]
+    plan = plan_for(existing + fresh, inventory, table, settings.default_policy, now, progress)
+    # Everyone's jobs shape the plan; only the caller's own are submitted (sbatch runs as the caller).
+    unplaced = [c for c in existing if c.current is None and c.owner == owner] + fresh
+    dispatcher = Dispatcher(db, client, profile, settings, runner)
+    dispatcher.record_plan(plan, [c.job_id for c in unplaced])
+    results: dict[int, Outcome] = {}
+    for dispatch in dispatches(plan, {c.job_id: c.spec for c in unplaced}, profile, settings, inventory):
+        for outcome in dispatcher.submit(dispatch, plan):
+            results[outcome.job_id] = outcome
+    for c in fresh:
+        if c.job_id not in results:
+            jp = plan.job(str(c.job_id))
+            results[c.job_id] = Outcome(c.job_id, c.spec.name, "PENDING", [], "waiting", jp.wait_reason or "")
+    return [results[c.job_id] for c in fresh]

@@ -79,4 +79,5 @@ def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("SLURMHET_STATE_DIR", str(state))
     monkeypatch.delenv("SLURMHET_DB", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("SLURMHET_THROUGHPUT_TABLE", str(REPO / "etc" / "throughput" / "devcluster.yaml"))
     return state

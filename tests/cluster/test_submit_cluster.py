@@ -33,8 +33,8 @@ def test_typed_job_runs_on_the_right_node_and_is_accounted(tmp_path: Path, state
     spec = _write(tmp_path / "t4.yaml", _job("t4-pair", ["bash", "-c", "echo node=$SLURMD_NODENAME rank=$RANK"],
                                              "{min: 2, max: 2, types: [t4]}"))
     out = json.loads(cli("submit", "--json", str(spec), state=state_dir).stdout)["jobs"]
-    assert out[0]["state"] == "SUBMITTED" and out[0]["gpu_type"] == "t4"
-    job_id, slurm_id = out[0]["job_id"], out[0]["slurm_job_id"]
+    assert out[0]["state"] == "SUBMITTED" and out[0]["allocation"] == "2xt4@nodeb"
+    job_id, (slurm_id,) = out[0]["job_id"], out[0]["slurm_job_ids"]
     rows = wait_for(state_dir, [job_id])
     assert rows[job_id]["state"] == "COMPLETED"
     log = (state_dir / "logs" / f"slurmhet-{job_id}-{slurm_id}.out").read_text()
@@ -63,7 +63,7 @@ def test_hostile_name_and_command_run_safely(tmp_path: Path, state_dir: Path) ->
     out = json.loads(cli("submit", "--json", str(spec), state=state_dir, cwd=tmp_path).stdout)["jobs"][0]
     rows = wait_for(state_dir, [out["job_id"]])
     assert rows[out["job_id"]]["state"] == "COMPLETED" and rows[out["job_id"]]["name"] == hostile
-    log = (state_dir / "logs" / f"slurmhet-{out['job_id']}-{out['slurm_job_id']}.out").read_text()
+    log = (state_dir / "logs" / f"slurmhet-{out['job_id']}-{out['slurm_job_ids'][0]}.out").read_text()
     assert log == hostile
     assert not list(tmp_path.glob("pwned*")) and not list(state_dir.glob("**/pwned*"))
 
