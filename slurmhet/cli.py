@@ -358,3 +358,37 @@ def consolidate(out: str, ckpts: tuple[str, ...], weights: tuple[float, ...]) ->
     result = consolidate_checkpoints(out, ckpts, list(weights) or None, progress_dir=env.get("SLURMHET_PROGRESS_DIR"),
                                      job_id=env.get("SLURMHET_JOB_ID"))
     click.echo(result.summary())
+
+
+@main.command()
+@click.option("--once", "mode", flag_value="once", default=True, help="one pass (for cron; the default)")
+@click.option("--every", "every_s", type=click.FloatRange(min=5), default=None, help="loop, one pass every SECONDS")
+@click.option("--dry-run", is_flag=True, help="print what would change; submit and cancel nothing")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def replan(obj: Context, mode: str, every_s: float | None, dry_run: bool, as_json: bool) -> None:
+    """Sync from Slurm, learn throughput, re-plan unstarted work and apply the minimal change."""
+    import time
+
+    from slurmhet.replan import Replanner
+    from slurmhet.submission import current_user
+
+    replanner = Replanner(obj.db, obj.client, obj.profile, obj.settings, obj.runner, current_user())
+    while True:
+        result = replanner.run(dry_run=dry_run)
+        if as_json:
+            _emit_json(result.to_json())
+        elif result.already_running:
+            click.echo("slurmhet replan: already running")
+        else:
+            for line in result.events:
+                click.echo(f"event: {line}")
+            for line in result.actions:
+                click.echo(f"{'would ' if dry_run else ''}{line}")
+            for part in result.dry_run_parts:
+                click.echo(f"# {part['role']} argv: " + " ".join(_shell_join(part["argv"])))
+            if not (result.events or result.actions):
+                click.echo("slurmhet replan: nothing to do")
+        if every_s is None:
+            return
+        time.sleep(every_s)

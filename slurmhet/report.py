@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import io
 from dataclasses import asdict, dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Iterable, Mapping, Sequence
 
 from slurmhet.slurm.parsers import AccountingRecord, QueueRecord, SlurmJobId, parse_tres
@@ -159,7 +159,9 @@ def build_report(jobs: Sequence[StoredJob], records: Sequence[AccountingRecord],
     weights = {job.id: job.weight for job in jobs}
     done = [r for r in rows if r.jct_s is not None]
     submits = [r.submit for r in rows if r.submit]
-    ends = [r.end for r in rows if r.end]
+    # Running allocations count up to what sacct has seen of them, so the window must reach that far too.
+    seen = [r.start + timedelta(seconds=r.elapsed_s) for r in records if not r.id.is_step and r.start]
+    ends = [r.end for r in rows if r.end] + seen
     window_start, window_end = (min(submits) if submits else None), (max(ends) if ends else None)
     window_h = (window_end - window_start).total_seconds() / 3600.0 if window_start and window_end else 0.0
     totals: dict[str, float] = {}
@@ -175,7 +177,8 @@ def build_report(jobs: Sequence[StoredJob], records: Sequence[AccountingRecord],
                            "table, not real GPUs")
     return ClusterReport(
         jobs=rows,
-        makespan_s=window_h * 3600.0 if window_h else None,
+        makespan_s=((max(r.end for r in rows if r.end) - window_start).total_seconds()
+                    if window_start and any(r.end for r in rows) else None),
         avg_jct_s=_mean([r.jct_s for r in done if r.jct_s is not None]),
         weighted_jct_s=(sum(weights[r.id] * r.jct_s for r in done if r.jct_s is not None) / weight_sum
                         if weight_sum else None),

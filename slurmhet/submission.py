@@ -78,10 +78,14 @@ def plan_for(candidates: Sequence[Candidate], inventory: Inventory, table: Throu
     """Run the chosen planner over every candidate; placed jobs stay pinned."""
     if policy not in POLICIES:
         raise InputError(f"unknown policy {policy!r}", place="--policy", hint="one of " + ", ".join(POLICIES))
+    usable = inventory.usable()
+    nodes = {n.name for n in usable.nodes}
+    # A job still running on a drained node holds no GPU the planner could hand out: leave it out.
+    candidates = [c for c in candidates if c.current is None or all(n in nodes for n, _, _ in c.current.slots)]
     jobs = tuple(plan_job_from_spec(str(c.job_id), c.spec, c.submitted_at, samples_done=c.samples_done,
                                     current=c.current) for c in candidates)
     try:
-        return POLICIES[policy](PlanningInput(jobs, inventory.usable(), table, now=now), progress=progress)
+        return POLICIES[policy](PlanningInput(jobs, usable, table, now=now), progress=progress)
     except InputError as exc:
         # Planner errors name the planner's job id; users know their jobs by name and spec line.
         for c in candidates:

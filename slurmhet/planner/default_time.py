@@ -1,9 +1,11 @@
 """slurmhet's default policy over time (key ``slurmhet``).
 
 Decides at every arrival and completion (no idle round tails):
-1. order: weighted shortest remaining time first (Smith's rule on the job's fastest
-   type, seed 000's weighted-JCT objective); running jobs get a hysteresis bonus so
-   that a small gain never pays a checkpoint-restart;
+1. order: jobs on the critical path (remaining time >= half the makespan lower bound,
+   total remaining GPU-time / GPUs) first, longest first, so that no long job sets
+   the makespan by starting last; then weighted shortest remaining time first (Smith's
+   rule on the job's fastest type, seed 000's weighted-JCT objective); running jobs get
+   a hysteresis bonus so that a small gain never pays a checkpoint-restart;
 2. size and placement: among keeping the current GPUs, a whole gang of each GPU type,
    and a multi-type gang with throughput-proportional sharding (seed 001), pick the
    earliest predicted finish, counting the restart and the ring-all-reduce contention
@@ -26,10 +28,19 @@ class SlurmhetOverTime(TimePolicy):
     #: A running job's priority is multiplied by this (lower key = earlier) to avoid thrashing.
     hysteresis = 0.5
 
+    #: A job whose remaining time is at least this share of the makespan lower bound is critical.
+    critical_share = 0.5
+
     def decide(self, view: ClusterView) -> dict[int, Placement]:
-        def key(job: JobState) -> tuple[float, float, int]:
+        gpus = sum(view.capacity.values())
+        bound = sum(view.remaining_time(j) * j.gpus for j in view.jobs) / max(gpus, 1)
+
+        def key(job: JobState) -> tuple[bool, float, float, int]:
+            left = view.remaining_time(job)
+            if left >= self.critical_share * bound:  # on the critical path: longest first, or it sets the makespan
+                return (False, -left, job.arrival, job.job_id)
             bonus = self.hysteresis if job.running else 1.0
-            return (view.remaining_time(job) / job.weight * bonus, job.arrival, job.job_id)
+            return (True, left / job.weight * bonus, job.arrival, job.job_id)
 
         free = view.free()
         spread_on: dict[str, int] = defaultdict(int)

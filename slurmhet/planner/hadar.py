@@ -66,7 +66,7 @@ def utility(view: ClusterView, job: JobState, rate: float, delay: float = 0.0) -
 class Hadar(TimePolicy):
     key = "hadar"
     round_based = True
-    dp_window = 6
+    dp_window = 3
 
     #: Seconds a job loses when its allocation changes (the paper's checkpoint-restart).
     restart_s = 10.0
@@ -83,6 +83,8 @@ class Hadar(TimePolicy):
     def find_alloc(self, view: ClusterView, job: JobState, free: Free, used: dict[Slot, int],
                    prices: Prices) -> tuple[float, Placement] | None:
         """FIND_ALLOC: the best (payoff, placement) among packed and spread candidates, if payoff > 0."""
+        if free.total() < job.gpus:
+            return None
         order = view.runnable_types(job)
         rank = {t: i for i, t in enumerate(order)}
         candidates: list[dict[Slot, int]] = []

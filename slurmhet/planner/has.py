@@ -86,42 +86,108 @@ def unrank_category(rank: int, jobs: int, gpus: int) -> tuple[int, ...]:
     return tuple(k)
 
 
-def market(rho: np.ndarray, sizes: tuple[int, ...]) -> np.ndarray:
-    """Algorithm 2, lines 2-15: the owner (job index) of each worker after the price process."""
+def _preferred(gamma: np.ndarray, sizes: tuple[int, ...]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Preferred graph with multi-unit demand: per job, the workers it must have (valued above its
+    K_i-th best value) and the ones tied at that value, among which it needs the rest."""
+    out = []
+    for i, size in enumerate(sizes):
+        threshold = np.partition(gamma[i], -size)[-size]
+        out.append((np.flatnonzero(gamma[i] > threshold + 1e-9), np.flatnonzero(np.abs(gamma[i] - threshold) <= 1e-9)))
+    return out
+
+
+def _match(prefer: list[tuple[np.ndarray, np.ndarray]], sizes: tuple[int, ...],
+           count: int) -> tuple[np.ndarray, list[int], list[int]]:
+    """Give every job its must-have workers and the rest from its tied ones (augmenting paths).
+
+    Returns the owner per worker and, when that fails, the constricted set:
+    the over-demanded workers and the jobs competing for them.
+    """
+    owner = np.full(count, -1)
+    fixed = np.zeros(count, dtype=bool)
+    clash: dict[int, set[int]] = {}
+    for i, (must, _) in enumerate(prefer):
+        for k in must:
+            if fixed[k]:
+                clash.setdefault(int(k), {int(owner[k])}).add(i)
+            owner[k], fixed[k] = i, True
+    if clash:
+        workers_c = sorted(clash)
+        return owner, workers_c, sorted(set().union(*clash.values()))
+    held = [len(must) for must, _ in prefer]
+
+    def augment(i: int, seen: set[int]) -> bool:
+        for k in prefer[i][1]:
+            if k in seen or fixed[k] or owner[k] == i:
+                continue
+            seen.add(int(k))
+            if owner[k] < 0 or augment(int(owner[k]), seen):
+                if owner[k] >= 0:
+                    held[owner[k]] -= 1
+                owner[k] = i
+                held[i] += 1
+                return True
+        return False
+
+    for i in range(len(sizes)):
+        while held[i] < sizes[i] and augment(i, set()):
+            pass
+    short = [i for i in range(len(sizes)) if held[i] < sizes[i]]
+    if not short:
+        return owner, [], []
+    jobs, workers_c, frontier = set(short), set(), list(short)
+    while frontier:
+        i = frontier.pop()
+        for k in prefer[i][1]:
+            if owner[k] != i and int(k) not in workers_c:
+                workers_c.add(int(k))
+                if owner[k] >= 0 and int(owner[k]) not in jobs:
+                    jobs.add(int(owner[k]))
+                    if not fixed[k]:
+                        frontier.append(int(owner[k]))
+    return owner, sorted(workers_c), sorted(jobs)
+
+
+def _top(values: np.ndarray, size: int) -> float:
+    return float(np.sort(values)[::-1][:size].sum())
+
+
+def market(rho: np.ndarray, sizes: tuple[int, ...], deadline: tuple[str, float, float] | None = None) -> np.ndarray:
+    """Algorithm 2, lines 2-15: the owner (job index) of each worker after the price process.
+
+    ``deadline`` is (policy name, monotonic time, cap) and raises PlannerTimeout when passed.
+
+    The preferred graph keeps ties (as in the matching markets of Easley and
+    Kleinberg that the paper builds on); with strict top-K_i lists two jobs
+    that both want the cheaper of two equal workers raise prices forever.
+    """
     jobs, count = rho.shape
     prices = np.zeros(count)
     gamma = rho.astype(float).copy()
     while True:
-        prefer = [np.argsort(-gamma[i], kind="stable")[: sizes[i]] for i in range(jobs)]
-        wanted = np.zeros(count, dtype=int)
-        for p in prefer:
-            wanted[p] += 1
-        contested = np.flatnonzero(wanted > 1)
-        if len(contested) == 0:
-            owner = np.full(count, -1)
-            for i, p in enumerate(prefer):
-                owner[p] = i
+        if deadline and time.monotonic() > deadline[1]:
+            raise PlannerTimeout(deadline[0], deadline[2])
+        prefer = _preferred(gamma, sizes)
+        owner, constricted, competing = _match(prefer, sizes, count)
+        if not constricted:
             return owner
-        k = int(contested[0])
-        loss = 0.0
-        for i in range(jobs):
-            if k in prefer[i]:
-                row = np.sort(gamma[i])[::-1]
-                v_all = row[: sizes[i]].sum()
-                without = np.sort(np.delete(gamma[i], k))[::-1][: sizes[i]].sum()
-                loss = max(loss, v_all - without)
-        prices[k] += max(1.0, loss)
-        gamma[:, k] = rho[:, k] - prices[k]
+        wants = {i: set(prefer[i][0]) | set(prefer[i][1]) for i in competing}
+        contested = [k for k in constricted if sum(k in w for w in wants.values()) > 1]
+        k = contested[0] if contested else constricted[0]
+        loss = max((_top(gamma[i], sizes[i]) - _top(np.delete(gamma[i], k), sizes[i])
+                    for i in competing if k in wants[i]), default=0.0)
+        prices[k] += max(1.0, loss)  # eq. (22)
+        gamma[:, k] = rho[:, k] - prices[k]  # eq. (23)
 
 
-def category_slots(problem: Problem, sizes: tuple[int, ...], order: list[int],
-                   gpus: list[tuple[int, int]]) -> list[Slots] | None:
+def category_slots(problem: Problem, sizes: tuple[int, ...], order: list[int], gpus: list[tuple[int, int]],
+                   deadline: tuple[str, float, float] | None = None) -> list[Slots] | None:
     """Solve one category (``sizes[p]`` workers for job ``order[p]``); None if it breaks a job's limits."""
     for p, j in enumerate(order):
         if not problem.lo[j] <= sizes[p] <= problem.hi[j]:
             return None
     rho = np.array([[problem.rates[j, t] for _, t in gpus] for j in order])
-    owner = market(rho, sizes)
+    owner = market(rho, sizes, deadline)
     slots: list[Slots] = [dict() for _ in problem.jobs]
     for (n, t), p in zip(gpus, owner):
         j = order[p]
@@ -143,13 +209,11 @@ def has(problem: Problem, progress: Progress | None = None, cap_s: float = 60.0)
     if total == 0:
         raise InputError(f"HAS needs at least one GPU per job ({len(gpus)} GPUs, {jobs} jobs)", place="policy has",
                          hint="use the default planner, which lets jobs wait")
-    deadline = time.monotonic() + cap_s
+    deadline = ("has", time.monotonic() + cap_s, cap_s)
     order = list(range(jobs))
     best: tuple[float, list[Slots]] | None = None
     for done, sizes in enumerate(categories(jobs, len(gpus))):
-        if time.monotonic() > deadline:
-            raise PlannerTimeout("has", cap_s)
-        slots = category_slots(problem, sizes, order, gpus)
+        slots = category_slots(problem, sizes, order, gpus, deadline)
         if slots is not None:
             value = total_cost(problem, slots)
             if best is None or value < best[0]:

@@ -9,8 +9,8 @@ is convex in the throughput it receives, so
 1. a greedy start hands out GPUs by marginal gain per GPU (bulk steps of
    several GPUs let a job jump over the communication step between one node
    and several);
-2. exchange moves (take/release, transfer between two jobs, swap two types,
-   each in bulk sizes) run until no move improves; thanks to separability a
+2. exchange moves (take/release, transfer between two jobs, trade g GPUs of
+   one type for h of another between two jobs) run until no move improves; thanks to separability a
    move's effect is the sum of two per-job deltas, so the best move is found
    with a few small array reductions;
 3. a packer places the counts on nodes, putting jobs that gain from a single
@@ -31,6 +31,8 @@ from slurmhet.planner.problem import Problem, pack
 
 #: Bulk sizes tried by the greedy start and by the exchange moves.
 BULK = (1, 2, 3, 4, 5, 6, 8)
+#: Sizes of the two sides of a trade (job i gives g of type t for h of type u; job j the reverse).
+TRADE = (1, 2, 3)
 #: Re-search rounds after packing failures.
 PACK_ROUNDS = 4
 _TOL = 1e-9
@@ -48,7 +50,7 @@ class _Search:
         self._memo: list[dict[bytes, float]] = [dict() for _ in range(jobs)]
         self.plus = np.full((jobs, types, len(BULK)), np.inf)
         self.minus = np.full((jobs, types, len(BULK)), np.inf)
-        self.swap = np.full((jobs, types, types), np.inf)
+        self.trade = np.full((jobs, types, len(TRADE), types, len(TRADE)), np.inf)
 
     def cost(self, j: int, x: np.ndarray) -> float:
         key = x.tobytes()
@@ -119,14 +121,16 @@ class _Search:
                 self.plus[j, t, b] = self.cost(j, y) - base
                 y[t] -= 2 * g
                 self.minus[j, t, b] = self.cost(j, y) - base if y[t] >= 0 else np.inf
-            for u in range(types):
-                if u != t and x[t] > 0:
-                    y = x.copy()
-                    y[t] -= 1
-                    y[u] += 1
-                    self.swap[j, t, u] = self.cost(j, y) - base
-                else:
-                    self.swap[j, t, u] = np.inf
+            for a, g in enumerate(TRADE):
+                for u in range(types):
+                    for b, h in enumerate(TRADE):
+                        if u != t and x[t] >= g:
+                            y = x.copy()
+                            y[t] -= g
+                            y[u] += h
+                            self.trade[j, t, a, u, b] = self.cost(j, y) - base
+                        else:
+                            self.trade[j, t, a, u, b] = np.inf
 
     def best_move(self) -> tuple[float, tuple]:
         jobs, types = self.x.shape
@@ -147,11 +151,15 @@ class _Search:
                     if pair[i, j] < best[0]:
                         best = (float(pair[i, j]), ("move", int(i), int(j), t, g))
             for u in range(t + 1, types):
-                if jobs > 1:
-                    pair = np.where(off, self.swap[:, t, u][:, None] + self.swap[:, u, t][None, :], np.inf)
-                    i, j = np.unravel_index(int(np.argmin(pair)), pair.shape)
-                    if pair[i, j] < best[0]:
-                        best = (float(pair[i, j]), ("swap", int(i), int(j), t, u))
+                for a, g in enumerate(TRADE):
+                    for b, h in enumerate(TRADE):
+                        if jobs < 2:
+                            continue
+                        give, back = self.trade[:, t, a, u, b], self.trade[:, u, b, t, a]
+                        pair = np.where(off, give[:, None] + back[None, :], np.inf)
+                        i, j = np.unravel_index(int(np.argmin(pair)), pair.shape)
+                        if pair[i, j] < best[0]:
+                            best = (float(pair[i, j]), ("trade", int(i), int(j), t, g, u, h))
         return best
 
     def exchange(self, limit: int = 10_000) -> None:
@@ -178,11 +186,11 @@ class _Search:
                 self.x[j, t] += g
                 changed = [i, j]
             else:
-                i, j, t, u = args
-                self.x[i, t] -= 1
-                self.x[i, u] += 1
-                self.x[j, u] -= 1
-                self.x[j, t] += 1
+                i, j, t, g, u, h = args
+                self.x[i, t] -= g
+                self.x[i, u] += h
+                self.x[j, u] -= h
+                self.x[j, t] += g
                 changed = [i, j]
             for j in changed:
                 self.refresh(j)

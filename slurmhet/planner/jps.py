@@ -19,7 +19,7 @@ import time
 from functools import partial
 
 from slurmhet.errors import InputError
-from slurmhet.planner.has import PlannerTimeout, Slots, category_count, category_slots, total_cost, unrank_category, workers
+from slurmhet.planner.has import Slots, category_count, category_slots, total_cost, unrank_category, workers
 from slurmhet.planner.model import Progress, equal_share_seconds, jain_fairness
 from slurmhet.planner.problem import Problem
 
@@ -47,12 +47,10 @@ def jps(problem: Problem, progress: Progress | None = None, *, samples: int = 20
         ranks = sorted(picked)
     equal = {problem.jobs[j].id: equal_share_seconds(problem.jobs[j], all_rates[j], len(gpus), jobs, problem.inter_gbps)
              for j in range(jobs)}
-    deadline = time.monotonic() + cap_s
+    deadline = (f"jps-{samples}", time.monotonic() + cap_s, cap_s)
     scored = []
     for done, rank in enumerate(ranks):
-        if time.monotonic() > deadline:
-            raise PlannerTimeout(f"jps-{samples}", cap_s)
-        slots = category_slots(problem, unrank_category(first + rank, jobs, len(gpus)), order, gpus)
+        slots = category_slots(problem, unrank_category(first + rank, jobs, len(gpus)), order, gpus, deadline)
         if slots is not None:
             run = {problem.jobs[j].id: problem.alloc_cost(j, s) / problem.jobs[j].weight for j, s in enumerate(slots)}
             scored.append((total_cost(problem, slots), jain_fairness(run, equal), done, slots))
@@ -66,9 +64,6 @@ def jps(problem: Problem, progress: Progress | None = None, *, samples: int = 20
     return best[3]
 
 
-def jps_policy(samples: int, alpha: float = 0.7, beta: float = 1.0) -> partial:
+def jps_policy(samples: int, alpha: float = 0.7, beta: float = 1.0, cap_s: float = 60.0) -> partial:
     """JPS with fixed N, alpha, beta (jps-20/40/60 use alpha 0.7, beta 1.0); the seed is PlanningInput.seed."""
-    allocator = partial(jps, samples=samples, alpha=alpha, beta=beta)
-    allocator.__name__ = f"jps_{samples}"  # type: ignore[attr-defined]
-    allocator.__module__ = __name__
-    return allocator
+    return partial(jps, samples=samples, alpha=alpha, beta=beta, cap_s=cap_s)

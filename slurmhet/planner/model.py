@@ -244,6 +244,19 @@ def allocation_run_seconds(job: PlanJob, allocation: Allocation, rates: Mapping[
                        link_of(allocation, inventory))
 
 
+def realised_run_seconds(job: PlanJob, allocation: Allocation, weights: tuple[float, ...],
+                         true_rates: Mapping[str, float], inventory: Inventory) -> float:
+    """Run time when shards were cut by ``weights`` but GPUs really run at ``true_rates``.
+
+    Every step waits for the slowest rank (eq. 3), so wrong predictions show up
+    as stragglers; with exact rates and eq. (12) weights this equals run_seconds.
+    """
+    ranks = allocation.ranks()
+    pace = max(w / true_rates[t] for w, (_, t) in zip(weights, ranks))
+    comm = job.syncs_remaining * allreduce_seconds(job.model_size_mb, len(ranks), link_of(allocation, inventory))
+    return job.samples_remaining * pace + comm
+
+
 def job_rates(job: PlanJob, table: ThroughputTable, gpu_types: tuple[str, ...]) -> tuple[dict[str, float], tuple[str, ...]]:
     """Samples/s of ``job`` on each GPU type it may use, and the types whose value is a prior.
 

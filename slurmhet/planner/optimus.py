@@ -80,6 +80,5 @@ def optimus(problem: Problem, progress: Progress | None = None, *, proportional:
     return slots
 
 
+#: Optimus with proportional workload assignment (eqs. 11-12).
 optimus_lb = partial(optimus, proportional=True)
-optimus_lb.__name__ = "optimus_lb"  # type: ignore[attr-defined]
-optimus_lb.__module__ = __name__

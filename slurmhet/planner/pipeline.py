@@ -45,7 +45,7 @@ def make_policy(name: str, allocator: Allocator, proportional: bool = True) -> P
         return plan_with(name, allocator, inp, progress, proportional)
 
     policy.__name__ = f"plan_{name.replace('-', '_')}"
-    policy.__doc__ = f"Plan with the {name!r} allocator ({allocator.__module__}.{allocator.__name__})."
+    policy.__doc__ = f"Plan with the {name!r} policy."
     return policy
 
 

@@ -5,8 +5,9 @@ Every emitted script starts training through this launcher, so that
 plain, multi-node, heterogeneous and array jobs, and so that the plan (shard
 weights, GPU type, accumulation steps) reaches the process.
 
-Assumptions about Slurm's environment (22.05+, see the heterogeneous-job and
-srun documentation):
+What the launcher relies on in Slurm's environment (checked against task
+environments captured on the dev cluster, Slurm 22.05.8; the captures are the
+test fixtures in tests/fixtures/slurm-env/):
 
 * A task started by ``srun`` has ``SLURM_STEP_ID``; the batch script itself does
   not (or has the batch step id). Outside a step the launcher is one process:
@@ -22,6 +23,9 @@ srun documentation):
   (``SLURM_NTASKS_HET_GROUP_<k>``, or ``SLURMHET_HET_GROUP_TASKS=2,1``).
 * In a job array every task has its own ``SLURM_JOB_ID``, so the derived
   ``MASTER_PORT`` differs between array tasks sharing a node.
+* Node names are assumed to resolve; where they do not (the dev cluster's
+  nodes are aliases of localhost), ``SLURMHET_NODE_ADDRS=nodea=127.0.0.1,...``
+  maps them to addresses.
 """
 
 from __future__ import annotations
@@ -146,6 +150,18 @@ def _first_host(text: str, name: str) -> str:
     return hosts[0]
 
 
+def _node_addrs(env: Mapping[str, str]) -> dict[str, str]:
+    """``SLURMHET_NODE_ADDRS=nodea=127.0.0.1,...`` for sites (like the dev cluster) whose node names do not resolve."""
+    out: dict[str, str] = {}
+    for part in (p.strip() for p in env.get("SLURMHET_NODE_ADDRS", "").split(",") if p.strip()):
+        node, sep, addr = part.partition("=")
+        if not sep or not node.strip() or not addr.strip():
+            raise InputError(f"bad entry {part!r} in SLURMHET_NODE_ADDRS", place="SLURMHET_NODE_ADDRS",
+                             hint="nodea=10.0.0.1,nodeb=10.0.0.2")
+        out[node.strip()] = addr.strip()
+    return out
+
+
 def _parse_weights(env: Mapping[str, str], world_size: int) -> tuple[float, ...]:
     raw = env.get("SLURMHET_SHARD_WEIGHTS", "").strip()
     if not raw:
@@ -209,6 +225,7 @@ def derive_rank_env(env: Mapping[str, str]) -> RankEnv:
         rank, world_size = _int(env, "RANK", 0), _int(env, "WORLD_SIZE", 1)
         local_rank = _int(env, "LOCAL_RANK", 0)
         master_addr = env.get("MASTER_ADDR") or "127.0.0.1"
+    master_addr = _node_addrs(env).get(master_addr, master_addr)
     if not 0 <= rank < world_size:
         raise InputError(f"rank {rank} is outside a world of {world_size}", place="SLURM_PROCID",
                          hint="check the step's task counts")

@@ -24,7 +24,13 @@ STATES = ("starting", "running", "done", "failed", "preempted", "timeout")
 
 @dataclass(frozen=True)
 class ProgressRecord:
-    """One rank's progress; ``samples_per_second`` is measured (or paced, when ``emulated``)."""
+    """One rank's view of its job's progress.
+
+    ``steps_done``/``samples_done``/``epoch`` are the job's (global batches);
+    ``samples_per_second`` is what *this rank's GPU* delivered on its own share
+    (measured; paced when ``emulated``), i.e. the per-type throughput sample the
+    replanner's table wants.
+    """
 
     job_id: str
     slurm_job_id: str
@@ -131,8 +137,8 @@ def job_steps(records: Iterable[ProgressRecord]) -> dict[str, int]:
 class ProgressReporter:
     """Keeps one rank's record current; writes at most every ``interval_s`` unless forced.
 
-    The rate is measured over the wall time since the first update of this run,
-    so it reflects what the GPU (or its emulation) really delivered.
+    The rate is measured over the wall time since the reporter was created, so
+    it reflects what the GPU (or its emulation) really delivered in this run.
     """
 
     def __init__(self, path: Path, base: ProgressRecord, interval_s: float = 2.0) -> None:
@@ -140,15 +146,16 @@ class ProgressReporter:
         self.record = base
         self.interval_s = interval_s
         self._run_start = time.monotonic()
-        self._run_start_samples = base.samples_done
         self._last_write = float("-inf")
 
-    def update(self, *, steps_done: int, samples_done: int, epoch: int, state: str = "running",
+    def update(self, *, steps_done: int, samples_done: int, epoch: int, rank_samples: int, state: str = "running",
                force: bool = False) -> None:
+        """``rank_samples``: samples this rank itself processed since the run started (for its rate)."""
         elapsed = time.monotonic() - self._run_start
-        rate = (samples_done - self._run_start_samples) / elapsed if elapsed > 0 else 0.0
+        # A run that did no work yet measured nothing: keep the previous run's rate rather than report 0.
+        rate = round(rank_samples / elapsed, 3) if rank_samples > 0 and elapsed > 0 else self.record.samples_per_second
         self.record = replace(self.record, steps_done=steps_done, samples_done=samples_done, epoch=epoch,
-                              samples_per_second=round(rate, 3), updated_at=time.time(), state=state)
+                              samples_per_second=rate, updated_at=time.time(), state=state)
         now = time.monotonic()
         if force or state != "running" or now - self._last_write >= self.interval_s:
             write_progress(self.path, self.record)

@@ -93,3 +93,34 @@ class Event(Base):
     kind: Mapped[str] = mapped_column(String(32))
     message: Mapped[str] = mapped_column(Text, default="")
     data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class ThroughputObservation(Base):
+    """The EWMA-refined throughput of one (workload, GPU type), learned from runtime progress (seed 001 III-C)."""
+
+    __tablename__ = "throughput_observations"
+
+    workload: Mapped[str] = mapped_column(String(200), primary_key=True)
+    gpu_type: Mapped[str] = mapped_column(String(32), primary_key=True)
+    samples_per_s: Mapped[float] = mapped_column(Float)
+    samples: Mapped[int] = mapped_column(Integer, default=0)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+
+class ProgressMark(Base):
+    """The last progress update already folded in, per (job, Slurm job, rank): replan counts each once."""
+
+    __tablename__ = "progress_marks"
+
+    key: Mapped[str] = mapped_column(String(200), primary_key=True)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class ClusterSnapshot(Base):
+    """The inventory the last replan saw, to detect drained/returned nodes and appearing GPU types."""
+
+    __tablename__ = "cluster_snapshots"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    taken_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    nodes: Mapped[dict[str, Any]] = mapped_column(JSON)

@@ -1,0 +1,274 @@
+"""The cron-driven replanner: lock, sync, learn throughput, detect reset events, plan, apply the diff.
+
+Each run (``slurmhet replan --once``) is idempotent: jobs already in Slurm stay
+pinned where they are unless their nodes went away (then they are cancelled and
+re-planned), unplaced jobs are submitted when the plan starts them now, and a
+second run with nothing new changes nothing. A run killed midway loses nothing:
+Slurm jobs carry ``--comment=slurmhet:<id>``, and the next run adopts any that
+were submitted but not recorded instead of submitting them again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import zlib
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+from sqlalchemy import select, text
+from sqlalchemy.orm import Session
+
+from slurmhet.cluster import Inventory
+from slurmhet.config import Settings
+from slurmhet.planner import Allocation
+from slurmhet.runtime.progress import ProgressRecord, job_steps, read_progress
+from slurmhet.slurm.client import SlurmClient
+from slurmhet.slurm.parsers import QueueRecord
+from slurmhet.slurm.profile import SiteProfile
+from slurmhet.slurm.runner import SlurmRunner
+from slurmhet.store import Database, Job, JobState, SlurmJob, add_event, list_jobs
+from slurmhet.store.models import ClusterSnapshot, ProgressMark, ThroughputObservation
+from slurmhet.submission import (PLACED, UNPLACED, Candidate, Dispatcher, candidate_of, describe, dispatches,
+                                 plan_for, render_parts, stored_allocation, throughput_table)
+from slurmhet.sync import sync_jobs
+from slurmhet.throughput import ThroughputEntry, ThroughputTable, canonical_key
+
+#: A refused job is retried this many times, then left SUBMIT_FAILED for a person to look at.
+MAX_SUBMIT_ATTEMPTS = 5
+#: A throughput estimate moving by more than this fraction is a reset event (seed 001 III-C).
+THROUGHPUT_SHIFT = 0.2
+
+
+@dataclass
+class ReplanResult:
+    already_running: bool = False
+    events: list[str] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)
+    dry_run_parts: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+# --------------------------------------------------------------------------- lock
+
+
+@contextlib.contextmanager
+def replan_lock(db: Database, state_dir: Path, owner: str) -> Iterator[bool]:
+    """Yield True when this run holds the owner's replan lock, False when another run does."""
+    if db.engine.dialect.name == "postgresql":
+        key = zlib.crc32(f"slurmhet-replan:{owner}".encode())
+        with db.engine.connect() as conn:
+            got = bool(conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar())
+            conn.commit()
+            try:
+                yield got
+            finally:
+                if got:
+                    conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+                    conn.commit()
+        return
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with open(state_dir / f"replan-{owner}.lock", "w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+
+
+# --------------------------------------------------------------------------- reset events
+
+
+def node_view(inventory: Inventory) -> dict[str, Any]:
+    return {n.name: {"available": n.available, "gpus": dict(n.gpus), "state": n.state} for n in inventory.nodes}
+
+
+def cluster_events(previous: dict[str, Any] | None, current: dict[str, Any]) -> list[str]:
+    """Drained/returned nodes and GPU types appearing or disappearing since the last run."""
+    if previous is None:
+        return []
+    events = []
+    for name, now in sorted(current.items()):
+        before = previous.get(name)
+        if before is None:
+            events.append(f"node {name} appeared")
+        elif before["available"] and not now["available"]:
+            events.append(f"node {name} became unavailable ({now['state']})")
+        elif not before["available"] and now["available"]:
+            events.append(f"node {name} returned")
+    events += [f"node {name} disappeared" for name in sorted(set(previous) - set(current))]
+
+    def types(view: dict[str, Any]) -> set[str]:
+        return {t for n in view.values() if n["available"] for t, c in n["gpus"].items() if c}
+
+    events += [f"GPU type {t} appeared" for t in sorted(types(current) - types(previous))]
+    events += [f"GPU type {t} disappeared" for t in sorted(types(previous) - types(current))]
+    return events
+
+
+def learned_table(session: Session, base: ThroughputTable) -> ThroughputTable:
+    """The site table with every stored runtime estimate laid over it."""
+    entries = dict(base.entries)
+    for obs in session.scalars(select(ThroughputObservation)):
+        entries[(obs.workload, obs.gpu_type)] = ThroughputEntry(obs.samples_per_s, "ewma", "runtime measurement",
+                                                                obs.samples)
+    return ThroughputTable(entries, base.colocated_pairs, base.profiles, base.gpu_memory_gb, base.ewma_alpha)
+
+
+def fold_progress(session: Session, records: Sequence[ProgressRecord], workloads: dict[str, str],
+                  table: ThroughputTable) -> tuple[ThroughputTable, list[str]]:
+    """EWMA each new per-rank throughput sample into the table; each update is counted once."""
+    events = []
+    marks = {m.key: m for m in session.scalars(select(ProgressMark))}
+    for record in records:
+        key = f"{record.job_id}.{record.slurm_job_id}.{record.rank}"
+        workload = workloads.get(record.job_id)
+        mark = marks.get(key)
+        if workload is None or not record.gpu_type or record.samples_per_second <= 0 or (
+                mark is not None and mark.updated_at >= record.updated_at):
+            continue
+        cell = (canonical_key(workload), record.gpu_type.lower())
+        before = table.entries.get(cell)
+        table = table.observe(workload, record.gpu_type, record.samples_per_second)
+        after = table.entries[cell]
+        if before is not None and abs(after.value - before.value) > THROUGHPUT_SHIFT * before.value:
+            events.append(f"throughput of {workload} on {record.gpu_type} moved {before.value:.1f} -> "
+                          f"{after.value:.1f} samples/s")
+        obs = session.get(ThroughputObservation, cell)
+        if obs is None:
+            session.add(ThroughputObservation(workload=cell[0], gpu_type=cell[1], samples_per_s=after.value,
+                                              samples=after.samples))
+        else:
+            obs.samples_per_s, obs.samples = after.value, after.samples
+        if mark is None:
+            mark = marks[key] = ProgressMark(key=key, updated_at=record.updated_at)
+            session.add(mark)
+        mark.updated_at = record.updated_at
+    return table, events
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def adopt_orphans(session: Session, jobs: Sequence[Job], queue: Sequence[QueueRecord]) -> list[str]:
+    """Slurm jobs tagged for an unplaced job (sbatch ran, the record did not): record them, do not resubmit."""
+    by_id = {j.id: j for j in jobs if j.state in UNPLACED}
+    actions = []
+    for record in queue:
+        if not record.comment.startswith("slurmhet:"):
+            continue
+        known = {p.slurm_job_id for j in jobs for p in j.slurm_jobs}
+        if record.root_id in known:
+            continue
+        for text_id in record.comment.removeprefix("slurmhet:").split(","):
+            job = by_id.get(int(text_id)) if text_id.isdigit() else None
+            if job is None:
+                continue
+            job.slurm_jobs.append(SlurmJob(slurm_job_id=record.root_id, role="adopted", state=record.state,
+                                           het_offset=record.het_offset, array_task=record.array_task,
+                                           nodes=record.nodes))
+            job.state, job.reason = JobState.SUBMITTED, ""
+            add_event(session, job, "adopted", f"Slurm job {record.root_id} found by its comment tag")
+            actions.append(f"adopted Slurm job {record.root_id} for job {job.id}")
+    return actions
+
+
+def displaced(job: Job, inventory: Inventory) -> bool:
+    """A job waiting in Slurm whose planned nodes are gone: its pending parts must be re-planned."""
+    alloc = stored_allocation(job)
+    if job.state is not JobState.SUBMITTED or alloc is None:
+        return False
+    if any(p.state != "PENDING" for p in job.slurm_jobs if p.role != "superseded"):
+        return False
+    usable = {n.name for n in inventory.usable().nodes}
+    return any(node not in usable for node, _, _ in alloc.slots)
+
+
+class Replanner:
+    def __init__(self, db: Database, client: SlurmClient, profile: SiteProfile, settings: Settings,
+                 runner: SlurmRunner, owner: str) -> None:
+        self.db, self.client, self.profile, self.settings, self.runner = db, client, profile, settings, runner
+        self.owner = owner
+
+    def run(self, dry_run: bool = False) -> ReplanResult:
+        with replan_lock(self.db, self.settings.state_dir, self.owner) as held:
+            if not held:
+                return ReplanResult(already_running=True)
+            return self._run(dry_run)
+
+    def _run(self, dry_run: bool) -> ReplanResult:
+        result = ReplanResult()
+        inventory = Inventory(tuple(self.client.nodes()))
+        now = datetime.now(timezone.utc).timestamp()
+        with self.db.transaction() as session:
+            jobs = list_jobs(session, states=UNPLACED + PLACED)
+            sync_jobs(session, self.client, jobs)
+            mine = [j for j in jobs if j.owner == self.owner]
+            result.actions += adopt_orphans(session, mine, self.client.queue())
+            result.events += [f"job {j.id} ({j.name}) ended {j.state.value}" for j in jobs if j.state.final]
+            result.events += [f"job {j.id} ({j.name}) arrived" for j in mine if j.plan is None]
+            table, shifts = fold_progress(session, read_progress(self.settings.progress_dir),
+                                          {str(j.id): self._workload(j) for j in jobs},
+                                          learned_table(session, throughput_table(self.settings)))
+            result.events += shifts
+            view = node_view(inventory)
+            last = session.scalars(select(ClusterSnapshot).order_by(ClusterSnapshot.id.desc()).limit(1)).first()
+            result.events += cluster_events(last.nodes if last else None, view)
+            if last is None or last.nodes != view:
+                session.add(ClusterSnapshot(nodes=view))
+            for event in result.events:
+                add_event(session, None, "reset", event)
+            for job in mine:
+                if displaced(job, inventory):
+                    live = sorted({p.slurm_job_id for p in job.slurm_jobs if p.state == "PENDING"})
+                    result.actions.append(f"cancel Slurm job(s) {','.join(live)} of job {job.id}: nodes gone")
+                    if not dry_run:
+                        self.client.cancel(live)
+                        for part in job.slurm_jobs:
+                            part.role, part.state = "superseded", "CANCELLED"
+                        job.state, job.reason = JobState.PENDING, "re-planned: its nodes became unavailable"
+                        add_event(session, job, "displaced", job.reason, slurm_job_ids=live)
+            steps = job_steps(read_progress(self.settings.progress_dir))
+            live_jobs = [j for j in jobs if not j.state.final]
+            candidates = [self._candidate(j, steps) for j in live_jobs]
+            retry_capped = {j.id for j in mine if j.state is JobState.SUBMIT_FAILED and j.attempts >= MAX_SUBMIT_ATTEMPTS}
+        candidates = [c for c in candidates if c is not None]
+        if not candidates:
+            return result
+        plan = plan_for(candidates, inventory, table, self.settings.default_policy, now)
+        ready = {c.job_id: c.spec for c in candidates
+                 if c.current is None and c.owner == self.owner and c.job_id not in retry_capped}
+        work = dispatches(plan, ready, self.profile, self.settings, inventory)
+        if dry_run:
+            for d in work:
+                result.actions.append(f"submit job(s) {','.join(map(str, d.job_ids))}: "
+                                      f"{describe(plan.job(str(d.job_ids[0])).allocation)}")
+                result.dry_run_parts += render_parts(d.parts)
+            return result
+        dispatcher = Dispatcher(self.db, self.client, self.profile, self.settings, self.runner)
+        dispatcher.record_plan(plan, list(ready))
+        for d in work:
+            for outcome in dispatcher.submit(d, plan):
+                result.actions.append(f"job {outcome.job_id} ({outcome.name}): {outcome.state} {outcome.allocation}"
+                                      + (f" Slurm {','.join(outcome.slurm_job_ids)}" if outcome.slurm_job_ids else "")
+                                      + (f" ({outcome.reason})" if outcome.reason else ""))
+        return result
+
+    @staticmethod
+    def _workload(job: Job) -> str:
+        w = job.spec.get("workload", {})
+        return f"{w.get('model')} (batch size {w.get('batch_size')})"
+
+    @staticmethod
+    def _candidate(job: Job, steps: dict[str, int]) -> Candidate | None:
+        """The job with its progress; a job whose steps are all done is left for the sync to close."""
+        base = candidate_of(job)
+        done = steps.get(str(job.id), 0) * base.spec.global_batch
+        if done >= base.spec.total_samples:
+            return None
+        return Candidate(base.job_id, base.spec, base.submitted_at, base.current, float(done), base.owner)
