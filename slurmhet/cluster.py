@@ -34,6 +34,8 @@ class Node:
     gpu_memory_gb: Mapping[str, float] = field(default_factory=dict)
     mps: int = 0
     shards: int = 0
+    #: Slurm's NodeAddr when it differs from the name (e.g. several slurmd on one host).
+    addr: str = ""
 
     @property
     def available(self) -> bool:

@@ -10,15 +10,12 @@ were submitted but not recorded instead of submitting them again.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import zlib
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Sequence
 
-from sqlalchemy import select, text
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from slurmhet.cluster import Inventory
@@ -30,6 +27,7 @@ from slurmhet.slurm.parsers import QueueRecord
 from slurmhet.slurm.profile import SiteProfile
 from slurmhet.slurm.runner import SlurmRunner
 from slurmhet.store import Database, Job, JobState, SlurmJob, add_event, list_jobs
+from slurmhet.store.lock import dispatch_lock
 from slurmhet.store.models import ClusterSnapshot, ProgressMark, ThroughputObservation
 from slurmhet.submission import (PLACED, UNPLACED, Candidate, Dispatcher, candidate_of, describe, dispatches,
                                  plan_for, render_parts, stored_allocation, throughput_table)
@@ -51,34 +49,6 @@ class ReplanResult:
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
-
-
-# --------------------------------------------------------------------------- lock
-
-
-@contextlib.contextmanager
-def replan_lock(db: Database, state_dir: Path, owner: str) -> Iterator[bool]:
-    """Yield True when this run holds the owner's replan lock, False when another run does."""
-    if db.engine.dialect.name == "postgresql":
-        key = zlib.crc32(f"slurmhet-replan:{owner}".encode())
-        with db.engine.connect() as conn:
-            got = bool(conn.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar())
-            conn.commit()
-            try:
-                yield got
-            finally:
-                if got:
-                    conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
-                    conn.commit()
-        return
-    state_dir.mkdir(parents=True, exist_ok=True)
-    with open(state_dir / f"replan-{owner}.lock", "w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            yield False
-            return
-        yield True
 
 
 # --------------------------------------------------------------------------- reset events
@@ -155,17 +125,19 @@ def fold_progress(session: Session, records: Sequence[ProgressRecord], workloads
 # --------------------------------------------------------------------------- the run
 
 
-def adopt_orphans(session: Session, jobs: Sequence[Job], queue: Sequence[QueueRecord]) -> list[str]:
+def adopt_orphans(session: Session, jobs: Sequence[Job], queue: Sequence[QueueRecord], store_tag: str,
+                  owner: str) -> list[str]:
     """Slurm jobs tagged for an unplaced job (sbatch ran, the record did not): record them, do not resubmit."""
     by_id = {j.id: j for j in jobs if j.state in UNPLACED}
     actions = []
     for record in queue:
-        if not record.comment.startswith("slurmhet:"):
+        ids_text, _, tag = record.comment.partition("@")
+        if not ids_text.startswith("slurmhet:") or tag != store_tag or record.user != owner:
             continue
         known = {p.slurm_job_id for j in jobs for p in j.slurm_jobs}
         if record.root_id in known:
             continue
-        for text_id in record.comment.removeprefix("slurmhet:").split(","):
+        for text_id in ids_text.removeprefix("slurmhet:").split(","):
             job = by_id.get(int(text_id)) if text_id.isdigit() else None
             if job is None:
                 continue
@@ -196,7 +168,7 @@ class Replanner:
         self.owner = owner
 
     def run(self, dry_run: bool = False) -> ReplanResult:
-        with replan_lock(self.db, self.settings.state_dir, self.owner) as held:
+        with dispatch_lock(self.db, self.settings.state_dir, self.owner) as held:
             if not held:
                 return ReplanResult(already_running=True)
             return self._run(dry_run)
@@ -209,7 +181,7 @@ class Replanner:
             jobs = list_jobs(session, states=UNPLACED + PLACED)
             sync_jobs(session, self.client, jobs)
             mine = [j for j in jobs if j.owner == self.owner]
-            result.actions += adopt_orphans(session, mine, self.client.queue())
+            result.actions += adopt_orphans(session, mine, self.client.queue(), self.db.instance, self.owner)
             result.events += [f"job {j.id} ({j.name}) ended {j.state.value}" for j in jobs if j.state.final]
             result.events += [f"job {j.id} ({j.name}) arrived" for j in mine if j.plan is None]
             table, shifts = fold_progress(session, read_progress(self.settings.progress_dir),
@@ -243,7 +215,7 @@ class Replanner:
         plan = plan_for(candidates, inventory, table, self.settings.default_policy, now)
         ready = {c.job_id: c.spec for c in candidates
                  if c.current is None and c.owner == self.owner and c.job_id not in retry_capped}
-        work = dispatches(plan, ready, self.profile, self.settings, inventory)
+        work = dispatches(plan, ready, self.profile, self.settings, inventory, self.db.instance)
         if dry_run:
             for d in work:
                 result.actions.append(f"submit job(s) {','.join(map(str, d.job_ids))}: "

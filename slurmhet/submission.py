@@ -27,9 +27,13 @@ from slurmhet.slurm.client import SlurmClient
 from slurmhet.slurm.profile import SiteProfile
 from slurmhet.slurm.runner import SlurmCommandError, SlurmRunner
 from slurmhet.spec import JobSpec, check_against_cluster, parse_job
-from slurmhet.store import Database, Job, JobState, SlurmJob, add_event, create_job, get_job
+from slurmhet.store import Database, Job, JobState, SlurmJob, add_event, create_job, get_job, list_jobs
+from slurmhet.store.lock import dispatch_lock
+from slurmhet.sync import sync_jobs
 from slurmhet.throughput import ThroughputTable, load_tables
 
+#: Seconds between Slurm's USR2 (``--signal=B:USR2@N``) and the time limit; the runtime checkpoints then.
+SIGNAL_LEAD_S = 120
 #: Jobs the planner may still place (not yet in Slurm, or refused by it).
 UNPLACED = (JobState.PENDING, JobState.SUBMIT_FAILED)
 #: Jobs holding (or about to hold) GPUs: pinned where they are.
@@ -44,10 +48,22 @@ def throughput_table(settings: Settings) -> ThroughputTable:
     return load_tables([settings.throughput_table] if settings.throughput_table else [])
 
 
-def emit_settings(settings: Settings) -> EmitSettings:
+def job_environment(settings: Settings, inventory: Inventory) -> tuple[tuple[str, str], ...]:
+    """What every launched program needs besides its spec: where progress goes, how to reach nodes."""
+    env = [("SLURMHET_PROGRESS_DIR", str(settings.progress_dir)), ("SLURMHET_SIGNAL_LEAD_S", str(SIGNAL_LEAD_S))]
+    addrs = ",".join(f"{n.name}={n.addr}" for n in inventory.nodes if n.addr)
+    if addrs:
+        env.append(("SLURMHET_NODE_ADDRS", addrs))
+    if os.environ.get("SLURMHET_EMULATE_THROUGHPUT") == "1":
+        env.append(("SLURMHET_EMULATE_THROUGHPUT", "1"))
+    return tuple(env)
+
+
+def emit_settings(settings: Settings, store_tag: str, inventory: Inventory) -> EmitSettings:
     slurmhet = (sys.executable, "-m", "slurmhet")
     return EmitSettings(log_dir=str(settings.log_dir), launcher=(*slurmhet, "run", "--"), slurmhet=slurmhet,
-                        partition=settings.slurm.partition, pack_sharing="auto")
+                        partition=settings.slurm.partition, pack_sharing="auto", store_tag=store_tag,
+                        env=job_environment(settings, inventory))
 
 
 @dataclass(frozen=True)
@@ -137,9 +153,9 @@ def describe(alloc: Allocation | None) -> str:
 
 
 def dispatches(plan: Plan, ready: dict[int, JobSpec], profile: SiteProfile, settings: Settings,
-               inventory: Inventory) -> list[Dispatch]:
+               inventory: Inventory, store_tag: str = "") -> list[Dispatch]:
     """Parts for every ready job the plan places now; co-location groups become one pack each."""
-    emit = emit_settings(settings)
+    emit = emit_settings(settings, store_tag, inventory)
     out: list[Dispatch] = []
     groups: dict[str, list[tuple[int, JobSpec, JobPlan]]] = {}
     for job_plan in sorted(plan.jobs, key=lambda jp: jp.order):
@@ -244,7 +260,7 @@ class Dispatcher:
                               else ("gpus_per_node", f"{gpu_type}:{per_node}"))
         extra = {k.replace("-", "_"): (v if v is not None else True) for k, v in spec.sbatch}
         executor.update_parameters(
-            job_name=spec.name[:64], comment=f"slurmhet:{job_id}", time=spec.time_limit_min or 60,
+            job_name=spec.name[:64], comment=f"slurmhet:{job_id}@{self.db.instance}", time=spec.time_limit_min or 60,
             nodes=len(slots), ntasks_per_node=1, **{gpu_key: gpu_value},
             additional_parameters={"nodelist": ",".join(n for n, _ in slots), **extra},
         )
@@ -276,13 +292,11 @@ def submit_new(db: Database | None, dispatcher_args: tuple[SlurmClient, SiteProf
         check_against_cluster(spec, inventory.usable())
     table = throughput_table(settings)
     now = datetime.now(timezone.utc).timestamp()
-    existing: list[Candidate] = []
-    if db is not None:
-        with db.transaction() as session:
-            from slurmhet.store import list_jobs
-
-            existing = [candidate_of(j) for j in list_jobs(session, states=UNPLACED + PLACED)]
     if dry_run:
+        existing: list[Candidate] = []
+        if db is not None:
+            with db.transaction() as session:
+                existing = [candidate_of(j) for j in list_jobs(session, states=UNPLACED + PLACED)]
         fresh = [Candidate(-(i + 1), spec, now) for i, (spec, _) in enumerate(specs)]
         plan = plan_for(existing + fresh, inventory, table, settings.default_policy, now, progress)
         ready = {c.job_id: c.spec for c in fresh}
@@ -293,6 +307,22 @@ def submit_new(db: Database | None, dispatcher_args: tuple[SlurmClient, SiteProf
     owner = current_user()
     with db.transaction() as session:
         new_ids = [create_job(session, spec, owner, source).id for spec, source in specs]
+    with dispatch_lock(db, settings.state_dir, owner, wait=True):
+        # Re-read under the lock (a concurrent submit or replan may have placed jobs meanwhile),
+        # and refresh from Slurm so finished jobs no longer hold GPUs in the plan.
+        with db.transaction() as session:
+            jobs = list_jobs(session, states=UNPLACED + PLACED)
+            sync_jobs(session, client, jobs)
+            existing = [candidate_of(j) for j in jobs if not j.state.final and j.id not in set(new_ids)]
+        return _plan_and_dispatch(db, (client, profile, settings, runner), existing, new_ids, specs, owner,
+                                  inventory, table, now, progress)
+
+
+def _plan_and_dispatch(db: Database, dispatcher_args: tuple[SlurmClient, SiteProfile, Settings, SlurmRunner],
+                       existing: list[Candidate], new_ids: list[int], specs: Sequence[tuple[JobSpec, str]],
+                       owner: str, inventory: Inventory, table: ThroughputTable, now: float,
+                       progress: Callable[[float], None] | None) -> list[Outcome]:
+    client, profile, settings, runner = dispatcher_args
     fresh = [Candidate(i, spec, now, owner=owner) for i, (spec, _) in zip(new_ids, specs)]
     plan = plan_for(existing + fresh, inventory, table, settings.default_policy, now, progress)
     # Everyone's jobs shape the plan; only the caller's own are submitted (sbatch runs as the caller).
@@ -300,7 +330,8 @@ def submit_new(db: Database | None, dispatcher_args: tuple[SlurmClient, SiteProf
     dispatcher = Dispatcher(db, client, profile, settings, runner)
     dispatcher.record_plan(plan, [c.job_id for c in unplaced])
     results: dict[int, Outcome] = {}
-    for dispatch in dispatches(plan, {c.job_id: c.spec for c in unplaced}, profile, settings, inventory):
+    for dispatch in dispatches(plan, {c.job_id: c.spec for c in unplaced}, profile, settings, inventory,
+                               db.instance):
         for outcome in dispatcher.submit(dispatch, plan):
             results[outcome.job_id] = outcome
     for c in fresh:

@@ -39,16 +39,21 @@ class EmitSettings:
     pack_sharing: str = "gpu"
     #: What a consolidation runs after averaging so the next round gets planned (e.g. a replan command).
     after_consolidation: tuple[str, ...] = ()
+    #: The store's instance id, appended to every ``--comment=slurmhet:<id>`` tag.
+    store_tag: str = ""
+    #: Variables every launched program gets (progress dir, node addresses, signal lead, emulation).
+    env: tuple[tuple[str, str], ...] = ()
 
 
 def _common(job_id: int, spec: JobSpec, settings: EmitSettings, also: tuple[int, ...] = ()) -> Common:
     return Common(job_id=job_id, name=spec.name, log_dir=settings.log_dir, time_limit_min=spec.time_limit_min,
+                  store_tag=settings.store_tag,
                   partition=settings.partition, extra=spec.sbatch, also=also)
 
 
-def _spec_env(spec: JobSpec) -> tuple[tuple[str, str], ...]:
+def _spec_env(spec: JobSpec, settings: EmitSettings) -> tuple[tuple[str, str], ...]:
     ckpt = (("SLURMHET_CHECKPOINT_DIR", spec.checkpoint_dir),) if spec.checkpoint_dir else ()
-    return ckpt + spec.env
+    return settings.env + ckpt + spec.env
 
 
 def gpu_shapes(allocation: Allocation, weights: Sequence[float]) -> tuple[list[GpuShape], tuple[float, ...]]:
@@ -78,7 +83,7 @@ def gpu_shapes(allocation: Allocation, weights: Sequence[float]) -> tuple[list[G
 def requests_for(job_id: int, spec: JobSpec, job_plan: JobPlan, profile: SiteProfile, settings: EmitSettings, *,
                  copies: Sequence[Allocation] = (), round: int = 0) -> list[Part]:
     """The parts that run ``job_plan`` (``copies``: HadarE's forked copies this round, one allocation each)."""
-    launch = Launch(program=spec.command, launcher=settings.launcher, env=_spec_env(spec))
+    launch = Launch(program=spec.command, launcher=settings.launcher, env=_spec_env(spec, settings))
     common = _common(job_id, spec, settings)
     if len(copies) > 1:
         return _forked(job_id, spec, launch, common, copies, profile, settings, round)
@@ -139,7 +144,7 @@ def pack_parts(members: Sequence[tuple[int, JobSpec, JobPlan]], profile: SitePro
         elif profile.has_shard and node.shards:
             sharing, share_count = "shard", node.shards // per_gpu
     lead_id, lead_spec, _ = members[0]
-    pack_members = tuple(PackMember(job_id, spec.name, spec.command, _spec_env(spec)) for job_id, spec, _ in members)
+    pack_members = tuple(PackMember(job_id, spec.name, spec.command, _spec_env(spec, settings)) for job_id, spec, _ in members)
     limits = [spec.time_limit_min for _, spec, _ in members]
     common = replace(_common(lead_id, lead_spec, settings, also=tuple(m[0] for m in members[1:])),
                      time_limit_min=None if None in limits else max(limits))  # type: ignore[type-var]

@@ -47,13 +47,15 @@ class Common:
     signal_s: int = 120
     #: Further slurmhet jobs this Slurm job carries (a pack's other members), so adoption finds them all.
     also: tuple[int, ...] = ()
+    #: The store's instance id: job ids are per store, so the tag says whose ids these are.
+    store_tag: str = ""
 
     def options(self, log_pattern: str = "%j") -> list[str]:
         """Shared options; arrays pass ``%A_%a`` so a task's log names its array and index."""
         ids = ",".join(str(i) for i in (self.job_id, *self.also))
         opts = [
             f"--job-name={slurm_job_name(self.name)}",
-            f"--comment=slurmhet:{ids}",
+            f"--comment=slurmhet:{ids}" + (f"@{self.store_tag}" if self.store_tag else ""),
             f"--output={self.log_dir}/slurmhet-{self.job_id}-{log_pattern}.out",
             f"--signal=B:USR2@{self.signal_s}",
         ]

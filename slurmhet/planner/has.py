@@ -176,8 +176,25 @@ def market(rho: np.ndarray, sizes: tuple[int, ...], deadline: tuple[str, float, 
         k = contested[0] if contested else constricted[0]
         loss = max((_top(gamma[i], sizes[i]) - _top(np.delete(gamma[i], k), sizes[i])
                     for i in competing if k in wants[i]), default=0.0)
-        prices[k] += max(1.0, loss)  # eq. (22)
-        gamma[:, k] = rho[:, k] - prices[k]  # eq. (23)
+        if loss > 1.0:
+            prices[k] += loss  # eq. (22)
+            gamma[:, k] = rho[:, k] - prices[k]  # eq. (23)
+            continue
+        # Equal workers make eq. (22)'s loss zero and its unit steps crawl (thousands of rounds per
+        # category); raise the whole constricted set at once until some competing job's preferred
+        # graph changes (at least one unit): Easley and Kleinberg's rule, batched.
+        inside = np.zeros(count, dtype=bool)
+        inside[constricted] = True
+        step = np.inf
+        for i in competing:
+            mine = np.zeros(count, dtype=bool)
+            mine[np.concatenate(prefer[i])] = True
+            outside = gamma[i][~mine & ~inside]
+            if outside.size and (mine & inside).any():
+                step = min(step, float(gamma[i][mine & inside].min() - outside.max()))
+        step = max(1.0, step if np.isfinite(step) else 1.0)
+        prices[inside] += step
+        gamma[:, inside] = rho[:, inside] - prices[inside]
 
 
 def category_slots(problem: Problem, sizes: tuple[int, ...], order: list[int], gpus: list[tuple[int, int]],

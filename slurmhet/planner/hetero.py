@@ -47,24 +47,24 @@ class _Search:
         self.x = np.zeros((jobs, types), dtype=int)
         self.free = problem.type_capacity.astype(int).copy()
         self.single_ok = np.ones(jobs, dtype=bool)
-        self._memo: list[dict[bytes, float]] = [dict() for _ in range(jobs)]
+        self._memo: list[dict[tuple[int, ...], float]] = [dict() for _ in range(jobs)]
         self.plus = np.full((jobs, types, len(BULK)), np.inf)
         self.minus = np.full((jobs, types, len(BULK)), np.inf)
         self.trade = np.full((jobs, types, len(TRADE), types, len(TRADE)), np.inf)
 
-    def cost(self, j: int, x: np.ndarray) -> float:
-        key = x.tobytes()
+    def cost(self, j: int, x: tuple[int, ...]) -> float:
         memo = self._memo[j]
-        if key not in memo:
-            memo[key] = self.p.cost(j, x, bool(self.single_ok[j]) and self.p.fits_one_node(x))
-        return memo[key]
+        value = memo.get(x)
+        if value is None:
+            value = memo[x] = self.p.cost(j, x, bool(self.single_ok[j]) and self.p.fits_one_node(x))
+        return value
 
     def forbid_single(self, j: int) -> None:
         self.single_ok[j] = False
         self._memo[j].clear()
 
     def objective(self) -> float:
-        return sum(self.cost(j, self.x[j]) for j in range(len(self.x)))
+        return sum(self.cost(j, tuple(self.x[j].tolist())) for j in range(len(self.x)))
 
     # -------------------------------------------------------------- greedy start
 
@@ -81,16 +81,17 @@ class _Search:
                 raise AssertionError(f"admission let in job {self.p.jobs[j].id!r} without room for its minimum")
 
     def _best_grow(self, j: int) -> tuple[float, int, int]:
-        base = self.cost(j, self.x[j])
+        x = self.x[j].tolist()
+        base = self.cost(j, tuple(x))
         best = (0.0, -1, 0)
-        room = int(self.p.hi[j] - self.x[j].sum())
+        room = int(self.p.hi[j]) - sum(x)
         for t in np.flatnonzero(self.p.allowed[j]):
             for g in BULK:
                 if g > self.free[t] or g > room:
                     break
-                y = self.x[j].copy()
+                y = list(x)
                 y[t] += g
-                score = (base - self.cost(j, y)) / g
+                score = (base - self.cost(j, tuple(y))) / g
                 if score > best[0] + _TOL * base:
                     best = (score, int(t), g)
         return best
@@ -111,26 +112,27 @@ class _Search:
     # -------------------------------------------------------------- exchange moves
 
     def refresh(self, j: int) -> None:
-        x = self.x[j]
-        base = self.cost(j, x)
-        types = x.shape[0]
+        x = self.x[j].tolist()
+        base = self.cost(j, tuple(x))
+        types = len(x)
+        inf = np.inf
         for t in range(types):
             for b, g in enumerate(BULK):
-                y = x.copy()
+                y = list(x)
                 y[t] += g
-                self.plus[j, t, b] = self.cost(j, y) - base
+                self.plus[j, t, b] = self.cost(j, tuple(y)) - base
                 y[t] -= 2 * g
-                self.minus[j, t, b] = self.cost(j, y) - base if y[t] >= 0 else np.inf
+                self.minus[j, t, b] = self.cost(j, tuple(y)) - base if y[t] >= 0 else inf
             for a, g in enumerate(TRADE):
                 for u in range(types):
                     for b, h in enumerate(TRADE):
                         if u != t and x[t] >= g:
-                            y = x.copy()
+                            y = list(x)
                             y[t] -= g
                             y[u] += h
-                            self.trade[j, t, a, u, b] = self.cost(j, y) - base
+                            self.trade[j, t, a, u, b] = self.cost(j, tuple(y)) - base
                         else:
-                            self.trade[j, t, a, u, b] = np.inf
+                            self.trade[j, t, a, u, b] = inf
 
     def best_move(self) -> tuple[float, tuple]:
         jobs, types = self.x.shape

@@ -37,14 +37,19 @@ class Problem:
         self._weights = np.array([j.weight for j in self.jobs])
         self._work = np.array([j.samples_remaining for j in self.jobs])
         self._comm = np.array([j.syncs_remaining * 2.0 * j.model_size_mb / 1000.0 for j in self.jobs])
+        # plain-Python copies for the hot path (small vectors are slower in numpy)
+        self._rate_rows = [tuple(float(v) for v in row) for row in self.rates]
+        self._allowed_rows = [tuple(bool(v) for v in row) for row in self.allowed]
+        rows = {tuple(int(v) for v in row) for row in self.capacity}
+        self._node_rows = [r for r in rows if not any(o != r and all(a >= b for a, b in zip(o, r)) for o in rows)]
 
     @property
     def size(self) -> tuple[int, int]:
         return len(self.jobs), len(self.types)
 
-    def fits_one_node(self, x: np.ndarray) -> bool:
+    def fits_one_node(self, x: np.ndarray | tuple[int, ...]) -> bool:
         """Could some node hold all of ``x`` (ignoring other jobs)?"""
-        return bool(np.any(np.all(self.capacity >= x, axis=1)))
+        return any(all(c >= v for c, v in zip(row, x)) for row in self._node_rows)
 
     def run_time(self, j: int, rate_sum: float, workers: int, single: bool) -> float:
         """Eq. (7) for job ``j``; ``single`` picks the intra-node link."""
@@ -56,12 +61,19 @@ class Problem:
             comm = self._comm[j] * (workers - 1) / (workers * link)
         return float(self._work[j] / rate_sum + comm)
 
-    def cost(self, j: int, x: np.ndarray, single: bool) -> float:
+    def cost(self, j: int, x: np.ndarray | tuple[int, ...], single: bool) -> float:
         """Weighted run time of job ``j`` on count vector ``x``; inf when outside its limits."""
-        k = int(x.sum())
-        if k < self.lo[j] or k > self.hi[j] or np.any(x[~self.allowed[j]] > 0) or np.any(x < 0):
+        x = tuple(int(v) for v in x)
+        k = sum(x)
+        if k < self.lo[j] or k > self.hi[j] or min(x) < 0:
             return float("inf")
-        return float(self._weights[j]) * self.run_time(j, float(self.rates[j] @ x), k, single)
+        rate = 0.0
+        for v, r, ok in zip(x, self._rate_rows[j], self._allowed_rows[j]):
+            if v:
+                if not ok:
+                    return float("inf")
+                rate += v * r
+        return float(self._weights[j]) * self.run_time(j, rate, k, single)
 
     def alloc_cost(self, j: int, slots: dict[tuple[int, int], int]) -> float:
         """Weighted run time of an actual node placement (``(node, type) -> count``)."""

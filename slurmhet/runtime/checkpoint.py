@@ -24,7 +24,6 @@ from __future__ import annotations
 import math
 import os
 import signal
-import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -248,15 +247,10 @@ def requeue_target(env: Mapping[str, str]) -> str:
 
 
 def requeue_job(env: Mapping[str, str]) -> None:
-    """``scontrol requeue`` this job; a failure carries the command, exit code and output."""
-    argv = ["scontrol", "requeue", requeue_target(env)]
-    try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SystemFailure(f"{' '.join(argv)} failed: {exc}") from exc
-    if done.returncode != 0:
-        raise SystemFailure(f"{' '.join(argv)} exited {done.returncode}: stdout={done.stdout.strip()!r} "
-                            f"stderr={done.stderr.strip()!r}")
+    """``scontrol requeue`` this job, through the one Slurm runner (its error carries command and output)."""
+    from slurmhet.slurm.runner import SubprocessRunner
+
+    SubprocessRunner(timeout=60).run(["scontrol", "requeue", requeue_target(env)])
 
 
 @dataclass(frozen=True)

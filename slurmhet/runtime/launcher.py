@@ -25,7 +25,7 @@ test fixtures in tests/fixtures/slurm-env/):
   ``MASTER_PORT`` differs between array tasks sharing a node.
 * Node names are assumed to resolve; where they do not (the dev cluster's
   nodes are aliases of localhost), ``SLURMHET_NODE_ADDRS=nodea=127.0.0.1,...``
-  maps them to addresses.
+  maps them to addresses. A step on a single node rendezvous on loopback.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ from slurmhet.runtime.progress import ProgressRecord, progress_path, read_record
 _NON_TASK_STEP_IDS = frozenset({"batch", "extern", "4294967294", "4294967295", "4294967291", "4294967292"})
 #: Signals forwarded to the child: Slurm's preemption/time-limit signals and the usual terminal ones.
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+LOOPBACK = "127.0.0.1"
 MASTER_PORT_BASE = 20000
 MASTER_PORT_SPAN = 20000
 #: Tolerance on the sum of the planned shard weights (the plan prints rounded decimals).
@@ -220,11 +221,15 @@ def derive_rank_env(env: Mapping[str, str]) -> RankEnv:
             world_size = _int(env, "SLURM_STEP_NUM_TASKS", _int(env, "SLURM_NTASKS", 1))
             nodelist_var = next((v for v in ("SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST")
                                  if env.get(v)), "SLURM_JOB_NODELIST")
-            master_addr = _first_host(env.get(nodelist_var, ""), nodelist_var)
+            hosts = expand_hostlist(env.get(nodelist_var, ""))
+            if not hosts:
+                raise InputError(f"{nodelist_var} is empty", place=nodelist_var, hint="run inside a Slurm allocation")
+            # All ranks on one node: loopback always works, even where node names do not resolve.
+            master_addr = hosts[0] if len(hosts) > 1 or hosts[0] in _node_addrs(env) else LOOPBACK
     else:
         rank, world_size = _int(env, "RANK", 0), _int(env, "WORLD_SIZE", 1)
         local_rank = _int(env, "LOCAL_RANK", 0)
-        master_addr = env.get("MASTER_ADDR") or "127.0.0.1"
+        master_addr = env.get("MASTER_ADDR") or LOOPBACK
     master_addr = _node_addrs(env).get(master_addr, master_addr)
     if not 0 <= rank < world_size:
         raise InputError(f"rank {rank} is outside a world of {world_size}", place="SLURM_PROCID",

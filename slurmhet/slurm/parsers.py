@@ -98,8 +98,9 @@ def parse_scontrol_nodes(text: str) -> list[Node]:
             memory = int(rec.get("RealMemory", "0"))
         except ValueError as exc:
             raise SlurmOutputError(f"cannot read node line: {line[:120]}") from exc
+        addr = rec.get("NodeAddr", "")
         nodes.append(Node(rec["NodeName"], gpus, features, rec.get("State", "UNKNOWN").lower(), cpus, memory,
-                          mps=mps, shards=shards))
+                          mps=mps, shards=shards, addr=addr if addr != rec["NodeName"] else ""))
     return nodes
 
 

@@ -110,6 +110,9 @@ class Database:
         except SQLAlchemyError as exc:
             raise SystemFailure(f"database error on {self.safe_url}: {exc}") from exc
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        with self.engine.connect() as conn:
+            #: This store's instance id (migration 0002): the ``@tag`` of its Slurm comments.
+            self.instance = str(conn.execute(text("SELECT value FROM store_meta WHERE key = 'instance'")).scalar())
 
     @property
     def safe_url(self) -> str:
@@ -126,6 +129,7 @@ class Database:
             raise SystemFailure(f"database error on {self.safe_url}: {exc.orig}") from exc
         finally:
             session.close()
+
 
     def dispose(self) -> None:
         self.engine.dispose()

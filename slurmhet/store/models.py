@@ -124,3 +124,12 @@ class ClusterSnapshot(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     taken_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     nodes: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class StoreMeta(Base):
+    """Facts about this store itself, e.g. its instance id (the ``@tag`` in Slurm comments)."""
+
+    __tablename__ = "store_meta"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    value: Mapped[str] = mapped_column(Text)

@@ -41,7 +41,8 @@ def test_typed_job_runs_on_the_right_node_and_is_accounted(tmp_path: Path, state
     assert sorted(log.split()) == ["node=nodeb", "node=nodeb", "rank=0", "rank=1"]
     records = [r for r in accounting([slurm_id]) if not r.id.is_step]
     assert records[0].alloc_tres.get("gres/gpu:t4") == 2 and records[0].nodes == "nodeb"
-    assert records[0].comment == f"slurmhet:{job_id}"
+    tag, _, store = records[0].comment.partition("@")
+    assert tag == f"slurmhet:{job_id}" and len(store) == 12  # job ids are per store: the tag names the store
 
 
 def test_cancel_stops_a_running_job(tmp_path: Path, state_dir: Path) -> None:

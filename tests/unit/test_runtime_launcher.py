@@ -23,7 +23,9 @@ FIXTURES = REPO / "tests" / "fixtures" / "slurm-env"
 
 
 def _fixture(name: str) -> dict:
-    return json.loads((FIXTURES / f"{name}.json").read_text())
+    """A recorded task environment plus the SLURMHET_* variables the emitted script adds."""
+    data = json.loads((FIXTURES / f"{name}.json").read_text())
+    return {**data, "env": {**data["captured_env"], **data["slurmhet_env"]}}
 
 
 @pytest.mark.parametrize("name", sorted(p.stem for p in FIXTURES.glob("*.json")))
@@ -68,12 +70,19 @@ def test_per_group_het_steps_number_ranks_after_earlier_components() -> None:
 def test_exports_are_what_env_init_and_the_workload_read() -> None:
     exports = derive_rank_env(_fixture("multi_node")["env"]).exports()
     assert {k: exports[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")} == {
-        "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "nodea", "MASTER_PORT": "25001"}
+        "RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "nodeb", "MASTER_PORT": "20055"}
     assert exports["SLURMHET_SHARD_WEIGHT"] == "0.2"
     assert [float(w) for w in exports["SLURMHET_SHARD_WEIGHTS"].split(",")] == pytest.approx([0.3, 0.3, 0.2, 0.2])
-    assert exports["SLURMHET_GPU_TYPE"] == "t4"
+    assert exports["SLURMHET_GPU_TYPE"] == "k80"
     assert exports["SLURMHET_ACCUMULATION_STEPS"] == "1"
-    assert exports["SLURMHET_PROGRESS_FILE"] == "/var/lib/slurmhet/progress/18.5001.3.json"
+    assert exports["SLURMHET_PROGRESS_FILE"] == "/var/lib/slurmhet/progress/18.55.3.json"
+
+
+def test_node_addresses_map_unresolvable_node_names() -> None:
+    env = {**_fixture("het_job_spanning_step")["env"], "SLURMHET_NODE_ADDRS": "nodea=127.0.0.1,nodeb=127.0.0.2"}
+    assert derive_rank_env(env).master_addr == "127.0.0.2"
+    with pytest.raises(InputError, match="bad entry"):
+        derive_rank_env({**env, "SLURMHET_NODE_ADDRS": "nodeb"})
 
 
 def test_explicit_master_port_wins() -> None:
@@ -147,7 +156,7 @@ def test_launch_passes_rank_env_to_the_child_and_records_exit(tmp_path: Path) ->
     status = launch(["--", sys.executable, "-c", code], _local_env(tmp_path))
     assert status == 3
     child = json.loads(out.read_text())
-    assert (child["RANK"], child["WORLD_SIZE"], child["MASTER_ADDR"], child["MASTER_PORT"]) == ("0", "1", "nodea", "29100")
+    assert (child["RANK"], child["WORLD_SIZE"], child["MASTER_ADDR"], child["MASTER_PORT"]) == ("0", "1", "127.0.0.1", "29100")
     assert child["SLURMHET_GPU_TYPE"] == "t4"
     [record] = read_progress(tmp_path / "progress")
     assert (record.job_id, record.slurm_job_id, record.rank, record.state, record.exit_code) == ("31", "9100", 0, "failed", 3)

@@ -23,7 +23,8 @@ import torch
 
 from slurmhet.errors import InputError
 from slurmhet.runtime.checkpoint import load_checkpoint
-from slurmhet.runtime.progress import read_progress
+from slurmhet.runtime.consolidate import consolidate
+from slurmhet.runtime.progress import job_steps, read_progress
 from slurmhet.runtime.torch import ProportionalDistributedSampler, split_counts, split_micro_batches
 
 REPO = Path(__file__).resolve().parents[2]
@@ -182,10 +183,15 @@ def test_relaxed_scale_fixed_accumulation_equals_full_batch_sgd(tmp_path: Path) 
     _assert_same_parameters(load_checkpoint(tmp_path / "ckpt" / "checkpoint.pt").model, _reference(6))
 
 
-def test_checkpoint_from_three_ranks_resumes_on_two(tmp_path: Path) -> None:
+@pytest.mark.parametrize("via_consolidation", [False, True])
+def test_checkpoint_from_three_ranks_resumes_on_two(tmp_path: Path, via_consolidation: bool) -> None:
     _run_ranks(tmp_path, [0.5, 0.3, 0.2], steps=3, job="9301")
+    if via_consolidation:  # the round's only copy, consolidated: the next round resumes from consolidated.pt
+        consolidate(tmp_path / "ckpt" / "consolidated.pt", [tmp_path / "ckpt" / "checkpoint.pt"])
+        (tmp_path / "ckpt" / "checkpoint.pt").unlink()
     summary = _run_ranks(tmp_path, [0.7, 0.3], steps=7, job="9302")
     assert (summary["start_steps"], summary["steps"]) == (3, 7)
     checkpoint = load_checkpoint(tmp_path / "ckpt" / "checkpoint.pt")
     assert checkpoint.steps == 7
     _assert_same_parameters(checkpoint.model, _reference(7))
+    assert job_steps(read_progress(tmp_path / "progress")) == {"41": 7}

@@ -5,6 +5,7 @@ Revises: 0001
 """
 from alembic import op
 import sqlalchemy as sa
+import uuid
 
 
 revision = '0002'
@@ -14,6 +15,13 @@ depends_on = None
 
 
 def upgrade() -> None:
+    meta = op.create_table('store_meta',
+    sa.Column('key', sa.String(length=64), nullable=False),
+    sa.Column('value', sa.Text(), nullable=False),
+    sa.PrimaryKeyConstraint('key')
+    )
+    # Job ids are per store; this id tells one store's Slurm jobs from another's on a shared cluster.
+    op.bulk_insert(meta, [{'key': 'instance', 'value': uuid.uuid4().hex[:12]}])
     op.create_table('cluster_snapshots',
     sa.Column('id', sa.Integer(), autoincrement=True, nullable=False),
     sa.Column('taken_at', sa.DateTime(timezone=True), nullable=False),
@@ -36,6 +44,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.drop_table('store_meta')
     op.drop_table('throughput_observations')
     op.drop_table('progress_marks')
     op.drop_table('cluster_snapshots')

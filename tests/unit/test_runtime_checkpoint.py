@@ -1,0 +1,165 @@
+"""Checkpoint files, resume choice, timeout-vs-preemption, and stop-then-requeue through the launcher."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from slurmhet.errors import InputError, SystemFailure
+from slurmhet.runtime.checkpoint import (CONSOLIDATED_NAME, StopRequest, TrainingCheckpoint, choose_resume,
+                                         classify_stop, handle_stop, load_checkpoint, requeue_target, save_checkpoint,
+                                         should_requeue)
+from slurmhet.runtime.progress import read_progress
+
+REPO = Path(__file__).resolve().parents[2]
+NOW = 1_700_000_000.0
+
+
+def _ckpt(steps: int, start: int = 0) -> TrainingCheckpoint:
+    return TrainingCheckpoint(model={"w": torch.ones(2) * steps}, optimizer=None, steps=steps, start_steps=start)
+
+
+def test_save_then_load_round_trips(tmp_path: Path) -> None:
+    path = save_checkpoint(tmp_path / "sub" / "checkpoint.pt", TrainingCheckpoint(
+        model={"w": torch.arange(3.0)}, optimizer={"state": {}, "param_groups": []}, steps=9, start_steps=4,
+        meta={"model": "mlp-small"}))
+    loaded = load_checkpoint(path)
+    assert torch.equal(loaded.model["w"], torch.arange(3.0))
+    assert (loaded.steps, loaded.start_steps, loaded.meta) == (9, 4, {"model": "mlp-small"})
+    assert [p.name for p in path.parent.iterdir()] == ["checkpoint.pt"]
+
+
+@pytest.mark.parametrize(("data", "place"), [
+    ({"format": "other/1", "model": {"w": torch.ones(1)}}, ":format"),
+    ({"format": "slurmhet-checkpoint/1", "model": {"w": torch.ones(1)}, "steps": -1}, ":steps"),
+    ({"format": "slurmhet-checkpoint/1", "model": {"w": torch.ones(1)}, "steps": 1, "start_steps": 2}, ":start_steps"),
+    ({"format": "slurmhet-checkpoint/1", "model": {"w": [1.0]}}, ":model.w"),
+    ({"format": "slurmhet-checkpoint/1", "model": {}}, ":model"),
+])
+def test_malformed_checkpoints_name_file_and_key(tmp_path: Path, data: dict, place: str) -> None:
+    path = tmp_path / "bad.pt"
+    torch.save(data, path)
+    with pytest.raises(InputError) as info:
+        load_checkpoint(path)
+    assert info.value.place == f"{path}{place}"
+
+
+def test_resume_prefers_own_checkpoint_only_within_the_current_round(tmp_path: Path) -> None:
+    copy_env = {"SLURM_ARRAY_TASK_ID": "1"}
+    assert choose_resume(tmp_path, copy_env) is None
+    save_checkpoint(tmp_path / CONSOLIDATED_NAME, _ckpt(20, 20))
+    save_checkpoint(tmp_path / "copy-1.pt", _ckpt(15, 10))  # last round's copy: consolidated is newer
+    point = choose_resume(tmp_path, copy_env)
+    assert point is not None and (point.path.name, point.start_steps) == (CONSOLIDATED_NAME, 20)
+    save_checkpoint(tmp_path / "copy-1.pt", _ckpt(23, 20))  # requeued mid-round: continue own work, same round
+    point = choose_resume(tmp_path, copy_env)
+    assert point is not None and (point.path.name, point.checkpoint.steps, point.start_steps) == ("copy-1.pt", 23, 20)
+    save_checkpoint(tmp_path / "checkpoint.pt", _ckpt(30, 20))  # a gang run: a new stretch starts at its steps
+    point = choose_resume(tmp_path, {})
+    assert point is not None and (point.path.name, point.start_steps) == ("checkpoint.pt", 30)
+
+
+@pytest.mark.parametrize(("env", "signum", "reason"), [
+    ({"SLURM_JOB_END_TIME": str(NOW + 100), "SLURMHET_SIGNAL_LEAD_S": "60"}, signal.SIGUSR2, "timeout"),
+    ({"SLURM_JOB_END_TIME": str(NOW + 3600), "SLURMHET_SIGNAL_LEAD_S": "60"}, signal.SIGUSR2, "preempted"),
+    ({"SLURM_JOB_END_TIME": str(NOW + 3600)}, signal.SIGTERM, "preempted"),
+    ({"SLURMHET_TIME_LIMIT_S": "600", "SLURMHET_LAUNCH_TIME": str(NOW - 500)}, signal.SIGUSR2, "timeout"),
+    ({"SLURMHET_TIME_LIMIT_S": "6000", "SLURMHET_LAUNCH_TIME": str(NOW - 500)}, signal.SIGUSR2, "preempted"),
+    ({}, signal.SIGUSR2, "timeout"),
+    ({}, signal.SIGTERM, "preempted"),
+    ({}, None, "preempted"),
+])
+def test_classify_stop(env: dict, signum: int | None, reason: str) -> None:
+    assert classify_stop(signum, env, NOW) == reason
+
+
+def test_requeue_policy_and_target() -> None:
+    assert should_requeue("preempted", {"SLURM_RESTART_COUNT": "50"})
+    assert should_requeue("timeout", {"SLURM_RESTART_COUNT": "2"})
+    assert not should_requeue("timeout", {"SLURM_RESTART_COUNT": "3"})
+    assert not should_requeue("timeout", {"SLURMHET_MAX_TIMEOUT_REQUEUES": "0"})
+    assert requeue_target({"SLURM_JOB_ID": "7003", "SLURM_ARRAY_JOB_ID": "7000", "SLURM_ARRAY_TASK_ID": "2"}) == "7000_2"
+    assert requeue_target({"SLURM_JOB_ID": "6000", "SLURM_HET_SIZE": "2"}) == "6000"
+    with pytest.raises(SystemFailure):
+        requeue_target({})
+
+
+def test_only_rank_zero_saves_and_requeues() -> None:
+    calls: list[str] = []
+    stop = StopRequest(signal.SIGTERM, NOW)
+    env = {"SLURM_JOB_ID": "1", "SLURM_JOB_END_TIME": str(NOW + 3600)}
+    other = handle_stop(stop, rank=1, save=lambda: calls.append("save"), env=env,
+                        requeue=lambda e: calls.append("requeue"))
+    assert (other.reason, other.requeued, calls) == ("preempted", False, [])
+    first = handle_stop(stop, rank=0, save=lambda: calls.append("save"), env=env,
+                        requeue=lambda e: calls.append("requeue"))
+    assert (first.reason, first.requeued, calls) == ("preempted", True, ["save", "requeue"])
+
+
+def test_failed_requeue_is_reported_not_raised() -> None:
+    def broken(_env: object) -> None:
+        raise SystemFailure("scontrol requeue 1 exited 1")
+
+    outcome = handle_stop(StopRequest(signal.SIGTERM, NOW), rank=0, save=lambda: None,
+                          env={"SLURM_JOB_ID": "1"}, requeue=broken)
+    assert not outcome.requeued and "requeue failed" in outcome.detail
+
+
+def _signal_run(tmp_path: Path, end_in_s: float, restarts: int) -> Path:
+    """Run examples/train.py under the launcher, paced (emulation) so it is mid-run when SIGUSR2 arrives."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "scontrol.calls"
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n")
+    scontrol.chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "RANK", "WORLD_SIZE", "MASTER_"))}
+    env.update({"PATH": f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", "SLURM_JOB_ID": "9800",
+                "SLURM_RESTART_COUNT": str(restarts), "SLURM_JOB_END_TIME": str(time.time() + end_in_s),
+                "SLURMHET_SIGNAL_LEAD_S": "60", "SLURMHET_JOB_ID": "51",
+                "SLURMHET_PROGRESS_DIR": str(tmp_path / "progress"), "SLURMHET_CHECKPOINT_DIR": str(tmp_path / "ckpt"),
+                "SLURMHET_EMULATE_THROUGHPUT": "1", "SLURMHET_GPU_TYPE": "k80",
+                "SLURMHET_EMULATED_SAMPLES_PER_S": "320", "OMP_NUM_THREADS": "1"})
+    argv = [sys.executable, str(REPO / "examples" / "train.py"), "--steps", "100000", "--global-batch", "16",
+            "--dataset-size", "256"]
+    runner = f"import sys; from slurmhet.runtime.launcher import launch; sys.exit(launch({argv!r}))"
+    proc = subprocess.Popen([sys.executable, "-c", runner], env=env, cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            records = read_progress(tmp_path / "progress")
+            if records and records[0].state == "running" and records[0].steps_done > 0:
+                break
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGUSR2)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    return calls
+
+
+def test_preemption_checkpoints_and_requeues(tmp_path: Path) -> None:
+    calls = _signal_run(tmp_path, end_in_s=3600, restarts=0)
+    [record] = read_progress(tmp_path / "progress")
+    assert (record.state, record.exit_code, record.emulated, record.gpu_type) == ("preempted", 0, True, "k80")
+    checkpoint = load_checkpoint(tmp_path / "ckpt" / "checkpoint.pt")
+    assert checkpoint.steps == record.steps_done > 0
+    assert calls.read_text().split() == ["requeue", "9800"]
+
+
+def test_timeout_after_the_requeue_budget_ends_cleanly_with_a_checkpoint(tmp_path: Path) -> None:
+    calls = _signal_run(tmp_path, end_in_s=100, restarts=3)
+    [record] = read_progress(tmp_path / "progress")
+    assert (record.state, record.exit_code) == ("timeout", 0)
+    assert load_checkpoint(tmp_path / "ckpt" / "checkpoint.pt").steps == record.steps_done
+    assert not calls.exists()

@@ -1,0 +1,192 @@
+"""MPS lifecycle of co-location packs, against the stand-in control program (and the real one on a GPU node)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from slurmhet.errors import InputError, SystemFailure
+from slurmhet.runtime.mps import PackMember, load_pack, pack_exit_status, run_pack
+
+REPO = Path(__file__).resolve().parents[2]
+STANDINS = REPO / "tests" / "standins"
+
+
+def _member_script(tmp_path: Path, name: str, exit_code: int = 0, sleep_s: float = 0.3) -> tuple[str, ...]:
+    """A member that records when it ran and what MPS environment it saw, then exits with ``exit_code``."""
+    code = textwrap.dedent(f"""
+        import json, os, pathlib, signal, sys, time
+        out = pathlib.Path({str(tmp_path)!r}) / {name + '.json'!r}
+        seen = {{k: os.environ.get(k) for k in ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY",
+                                              "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "SLURMHET_PACK_MEMBER")}}
+        seen["start"] = time.time()
+        pipe = seen["CUDA_MPS_PIPE_DIRECTORY"]
+        seen["pipe_entries"] = sorted(os.listdir(pipe)) if pipe else []
+        def stop(signum, frame):
+            seen["signal"] = signum
+            out.write_text(json.dumps(seen))
+            sys.exit(0)
+        signal.signal(signal.SIGTERM, stop)
+        out.write_text(json.dumps(seen))
+        time.sleep({sleep_s})
+        seen["end"] = time.time()
+        out.write_text(json.dumps(seen))
+        sys.exit({exit_code})
+    """)
+    return (sys.executable, "-c", code)
+
+
+def _env(tmp_path: Path, with_standin: bool) -> dict[str, str]:
+    path = os.environ.get("PATH", "")
+    # Keep only PATH entries without a real control program, so the no-MPS test is meaningful everywhere.
+    entries = [p for p in path.split(os.pathsep) if not (Path(p) / "nvidia-cuda-mps-control").exists()]
+    if with_standin:
+        entries.insert(0, str(STANDINS))
+    return {**os.environ, "PATH": os.pathsep.join(entries), "TMPDIR": str(tmp_path),
+            "SLURMHET_MPS_STANDIN_LOG": str(tmp_path / "mps.log"), "SLURM_JOB_ID": "9700"}
+
+
+def _log(tmp_path: Path) -> list[tuple[float, str]]:
+    lines = (tmp_path / "mps.log").read_text().splitlines()
+    return [(float(t), rest) for t, _, rest in (line.partition(" ") for line in lines)]
+
+
+def test_private_daemon_starts_before_members_and_quits_after(tmp_path: Path) -> None:
+    members = [PackMember("a", _member_script(tmp_path, "a"), 60),
+               PackMember("b", _member_script(tmp_path, "b", exit_code=4), 40)]
+    lines: list[str] = []
+    results = run_pack(members, env=_env(tmp_path, True), log=lines.append)
+    assert [(r.name, r.returncode, r.mps_active) for r in results] == [("a", 0, True), ("b", 4, True)]
+    assert pack_exit_status(results) == 4
+
+    events = _log(tmp_path)
+    start = next(t for t, e in events if e.startswith("start"))
+    quit_at = next(t for t, e in events if e == "quit")
+    start_line = next(e for _, e in events if e.startswith("start"))
+    assert "pipe_mode=700" in start_line
+    seen = {n: json.loads((tmp_path / f"{n}.json").read_text()) for n in "ab"}
+    assert all(start < s["start"] for s in seen.values()), "members must start after the daemon"
+    assert all("control" in s["pipe_entries"] for s in seen.values()), "the daemon listens while members run"
+    assert all(s["end"] < quit_at for s in seen.values()), "quit must come after the members"
+    assert seen["a"]["start"] < seen["b"]["end"] and seen["b"]["start"] < seen["a"]["end"], "members run concurrently"
+    assert (seen["a"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"], seen["b"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"]) == ("60", "40")
+    pipe = Path(seen["a"]["CUDA_MPS_PIPE_DIRECTORY"])
+    assert pipe.parent.parent == tmp_path and pipe.parent.name.startswith("slurmhet-mps-9700-")
+    assert seen["a"]["CUDA_MPS_LOG_DIRECTORY"].startswith(str(pipe.parent))
+    assert not pipe.parent.exists(), "the private directory is removed after quit"
+    assert any("member b: exit status 4" in line for line in lines)
+
+
+def test_private_directories_are_mode_0700_even_with_a_lax_umask(tmp_path: Path) -> None:
+    old = os.umask(0)
+    try:
+        run_pack([PackMember("a", _member_script(tmp_path, "a", sleep_s=0.0))], env=_env(tmp_path, True),
+                 log=lambda _: None)
+    finally:
+        os.umask(old)
+    assert "pipe_mode=700" in next(e for _, e in _log(tmp_path) if e.startswith("start"))
+
+
+def test_quit_is_sent_when_a_member_cannot_start(tmp_path: Path) -> None:
+    members = [PackMember("ok", _member_script(tmp_path, "ok", sleep_s=0.0)),
+               PackMember("missing", (str(tmp_path / "no-such-program"),))]
+    results = run_pack(members, env=_env(tmp_path, True), log=lambda _: None)
+    assert [(r.name, r.returncode) for r in results] == [("ok", 0), ("missing", 127)]
+    assert "cannot start" in results[1].error
+    assert [e for _, e in _log(tmp_path) if e == "quit"] == ["quit"]
+
+
+def test_daemon_start_failure_runs_no_member(tmp_path: Path) -> None:
+    broken = tmp_path / "bin"
+    broken.mkdir()
+    control = broken / "nvidia-cuda-mps-control"
+    control.write_text("#!/bin/sh\necho 'cannot start daemon' >&2\nexit 1\n")
+    control.chmod(0o755)
+    env = _env(tmp_path, False)
+    env["PATH"] = f"{broken}{os.pathsep}{env['PATH']}"
+    with pytest.raises(SystemFailure, match="-d exited 1"):
+        run_pack([PackMember("a", _member_script(tmp_path, "a"))], env=env, log=lambda _: None)
+    assert not (tmp_path / "a.json").exists()
+    assert not list(tmp_path.glob("slurmhet-mps-*"))
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR2])
+def test_signal_is_forwarded_to_members_then_quit_is_sent(tmp_path: Path, signum: int) -> None:
+    members = [{"name": "long", "argv": list(_member_script(tmp_path, "long", sleep_s=30)), "thread_percentage": 50}]
+    pack = tmp_path / "pack.json"
+    pack.write_text(json.dumps({"members": members}))
+    runner = ("import sys; from slurmhet.runtime.mps import load_pack, run_pack, pack_exit_status; "
+              f"sys.exit(pack_exit_status(run_pack(load_pack({str(pack)!r}))))")
+    proc = subprocess.Popen([sys.executable, "-c", runner], env=_env(tmp_path, True), cwd=REPO)
+    try:
+        deadline = time.time() + 30
+        while not (tmp_path / "long.json").exists() and time.time() < deadline:
+            time.sleep(0.05)
+        assert (tmp_path / "long.json").exists(), "member did not start"
+        proc.send_signal(signum)
+        status = proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    seen = json.loads((tmp_path / "long.json").read_text())
+    if signum == signal.SIGTERM:
+        assert seen["signal"] == signal.SIGTERM and status == 0  # the member checkpointed and exited cleanly
+    else:
+        assert status == 128 + signal.SIGUSR2  # this member has no USR2 handler: it died of it
+    assert [e for _, e in _log(tmp_path) if e == "quit"] == ["quit"]
+
+
+def test_without_mps_members_still_run_concurrently_and_the_log_says_so(tmp_path: Path) -> None:
+    lines: list[str] = []
+    members = [PackMember(n, _member_script(tmp_path, n), 50) for n in "ab"]
+    results = run_pack(members, env=_env(tmp_path, False), log=lines.append)
+    assert [(r.returncode, r.mps_active) for r in results] == [(0, False), (0, False)]
+    assert any("MPS is NOT active" in line for line in lines)
+    seen = {n: json.loads((tmp_path / f"{n}.json").read_text()) for n in "ab"}
+    assert seen["a"]["start"] < seen["b"]["end"] and seen["b"]["start"] < seen["a"]["end"]
+    assert seen["a"]["CUDA_MPS_PIPE_DIRECTORY"] is None
+    assert not (tmp_path / "mps.log").exists()
+
+
+@pytest.mark.parametrize(("content", "fragment"), [
+    ("{}", "non-empty 'members'"),
+    ('{"members": [{"name": "a"}]}', "'argv'"),
+    ('{"members": [{"name": "a", "argv": ["x"], "thread_percentage": 0}]}', "1..100"),
+    ('{"members": [{"name": "a", "argv": ["x"]}, {"name": "a", "argv": ["y"]}]}', "used twice"),
+    ('{"members": [{"name": "a", "argv": ["x"], "gpu": 1}]}', "unknown field"),
+    ("not json", "cannot read pack file"),
+])
+def test_bad_pack_files_are_input_errors(tmp_path: Path, content: str, fragment: str) -> None:
+    pack = tmp_path / "pack.json"
+    pack.write_text(content)
+    with pytest.raises(InputError, match=fragment.replace("(", r"\(").replace(".", r"\.")):
+        load_pack(pack)
+
+
+def _real_mps_available() -> str | None:
+    if not shutil.which("nvidia-cuda-mps-control"):
+        return "no nvidia-cuda-mps-control on PATH"
+    smi = shutil.which("nvidia-smi")
+    if not smi or subprocess.run([smi, "-L"], capture_output=True, timeout=30).returncode != 0:
+        return "no working NVIDIA GPU (nvidia-smi -L failed)"
+    return None
+
+
+@pytest.mark.skipif(_real_mps_available() is not None, reason=str(_real_mps_available()))
+def test_lifecycle_against_the_real_mps_daemon(tmp_path: Path) -> None:
+    members = [PackMember(n, _member_script(tmp_path, n), 50) for n in "ab"]
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
+    results = run_pack(members, env=env, log=lambda _: None)
+    assert [(r.returncode, r.mps_active) for r in results] == [(0, True), (0, True)]
+    seen = json.loads((tmp_path / "a.json").read_text())
+    assert "control" in seen["pipe_entries"], "the real daemon listens in the private pipe directory"
+    assert not Path(seen["CUDA_MPS_PIPE_DIRECTORY"]).exists(), "quit stops the daemon; the private directory is removed"

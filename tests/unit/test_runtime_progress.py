@@ -1,0 +1,123 @@
+"""Progress files, emulated GPU speed, and the example job file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurmhet.cluster import Inventory, Node
+from slurmhet.errors import InputError
+from slurmhet.runtime.emulation import EXAMPLE_SAMPLES_PER_S, StepPacer, emulated_samples_per_s, enabled, node_gpu_type
+from slurmhet.runtime.progress import (ProgressRecord, ProgressReporter, job_steps, progress_path, read_progress,
+                                       write_progress)
+from slurmhet.spec import load_file
+
+REPO = Path(__file__).resolve().parents[2]
+DEV_CLUSTER = Inventory((Node("nodea", {"v100": 4}), Node("nodeb", {"t4": 4}), Node("nodec", {"k80": 2})))
+
+
+def _record(job: str, slurm: str, rank: int, steps: int, start: int = 0, state: str = "running") -> ProgressRecord:
+    return ProgressRecord(job_id=job, slurm_job_id=slurm, rank=rank, gpu_type="t4", node="nodeb", steps_done=steps,
+                          samples_done=steps * 64, samples_per_second=800.0, epoch=0, updated_at=1.0, emulated=False,
+                          state=state, start_steps=start)
+
+
+def test_records_round_trip_and_garbage_is_skipped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    record = _record("5", "900", 1, 12)
+    write_progress(progress_path(tmp_path, "5", "900", 1), record)
+    (tmp_path / "broken.json").write_text("{not json")
+    (tmp_path / "other.json").write_text('{"hello": 1}')
+    assert read_progress(tmp_path) == [record]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["5.900.1.json", "broken.json", "other.json"]
+    assert "broken.json" in capsys.readouterr().err
+    assert read_progress(tmp_path / "missing") == []
+
+
+def test_job_steps_counts_ranks_once_and_adds_forked_copies() -> None:
+    records = [
+        _record("gang", "100", 0, 40), _record("gang", "100", 1, 40),  # one run, two ranks
+        _record("gang", "101", 0, 70, start=40),  # the next run resumed at 40
+        _record("fork", "200", 0, 25, start=20), _record("fork", "201", 0, 28, start=20),  # a round's copies
+        _record("fork", "150", 0, 20, start=0),  # the previous round's single copy
+    ]
+    assert job_steps(records) == {"gang": 70, "fork": 33}
+
+
+def test_reporter_throttles_but_always_writes_state_changes(tmp_path: Path) -> None:
+    path = tmp_path / "p.json"
+    reporter = ProgressReporter(path, _record("5", "900", 0, 0), interval_s=3600)
+    reporter.update(steps_done=1, samples_done=64, epoch=0, rank_samples=32)
+    reporter.update(steps_done=2, samples_done=128, epoch=0, rank_samples=64)
+    assert read_progress(tmp_path)[0].steps_done == 1  # the second update fell inside the interval
+    reporter.update(steps_done=3, samples_done=192, epoch=0, rank_samples=96, state="preempted")
+    [record] = read_progress(tmp_path)
+    assert (record.steps_done, record.state) == (3, "preempted")
+    assert record.samples_per_second > 0
+
+
+def test_node_gpu_type_sources_in_order(tmp_path: Path) -> None:
+    assert node_gpu_type({"SLURMHET_GPU_TYPE": "V100", "SLURMD_NODENAME": "nodec"}) == "v100"
+    mapping = "nodea=v100,nodeb=t4,nodec=k80"
+    assert node_gpu_type({"SLURMD_NODENAME": "nodec", "SLURMHET_NODE_GPU_TYPES": mapping}) == "k80"
+    inventory = tmp_path / "cluster.yaml"
+    inventory.write_text("nodes:\n  - {name: nodeb, gpus: {t4: 4}}\n")
+    assert node_gpu_type({"SLURMD_NODENAME": "nodeb", "SLURMHET_INVENTORY": str(inventory)}) == "t4"
+    assert node_gpu_type({"SLURMD_NODENAME": "elsewhere", "SLURMHET_INVENTORY": str(inventory)}) is None
+    with pytest.raises(InputError, match="bad entry"):
+        node_gpu_type({"SLURMD_NODENAME": "nodea", "SLURMHET_NODE_GPU_TYPES": "nodea"})
+
+
+def test_emulated_rates_follow_the_table_and_the_mps_share() -> None:
+    assert enabled({"SLURMHET_EMULATE_THROUGHPUT": "1"}) and not enabled({})
+    assert emulated_samples_per_s({}, "mlp-small", "k80") == EXAMPLE_SAMPLES_PER_S["mlp-small"]["k80"]
+    assert emulated_samples_per_s({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}, "mlp-small", "v100") == 800.0
+    assert emulated_samples_per_s({"SLURMHET_EMULATED_SAMPLES_PER_S": "123"}, "anything", None) == 123.0
+    with pytest.raises(InputError, match="GPU type"):
+        emulated_samples_per_s({}, "mlp-small", "a100")
+    with pytest.raises(InputError, match="positive"):
+        emulated_samples_per_s({"SLURMHET_EMULATED_SAMPLES_PER_S": "0"}, "mlp-small", "v100")
+
+
+def test_pacer_holds_the_cumulative_rate() -> None:
+    now = [100.0]
+    sleeps: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        now[0] += seconds
+
+    pacer = StepPacer(100.0, clock=lambda: now[0], sleep=sleep)
+    pacer.step(50)  # due at +0.5 s
+    now[0] += 0.7  # a slow step overshoots ...
+    pacer.step(50)  # ... so the next sleep is shorter: due at +1.0 s, now +1.2 s
+    pacer.step(50)
+    assert sleeps == pytest.approx([0.5, 0.3])
+    assert now[0] == pytest.approx(101.5)
+
+
+def _rate_sum(model: str, types: tuple[str, ...], count: int, fastest: bool) -> float:
+    """Summed emulated rate of ``count`` GPUs of the allowed types, fastest or slowest first, within the cluster."""
+    have = DEV_CLUSTER.gpus_by_type()
+    pool = sorted((EXAMPLE_SAMPLES_PER_S[model][t] for t in types for _ in range(have[t])), reverse=fastest)
+    return sum(pool[:count])
+
+
+def test_example_jobs_are_valid_varied_and_short_under_emulation() -> None:
+    jobs = load_file(REPO / "examples" / "jobs.yaml")
+    assert len(jobs) >= 12
+    assert any(len(j.gpus.types) == 1 for j in jobs)
+    assert any(len(j.gpus.types) > 1 and j.gpus.min > 1 for j in jobs)
+    assert any(j.forkable for j in jobs) and any(j.colocate for j in jobs)
+    assert any(j.global_batch // j.workload.batch_size > j.gpus.min for j in jobs)  # relaxed scale-fixed
+    for job in jobs:
+        assert job.command[:2] == ("python", "examples/train.py")
+        model = job.command[job.command.index("--model") + 1]
+        assert model == job.workload.model
+        assert job.command[job.command.index("--steps") + 1] == str(job.steps)
+        assert job.command[job.command.index("--global-batch") + 1] == str(job.global_batch)
+        slowest = job.total_samples / _rate_sum(model, job.gpus.types, job.gpus.min, fastest=False)
+        fastest = job.total_samples / _rate_sum(model, job.gpus.types, job.gpus.max, fastest=True)
+        if job.colocate:
+            slowest *= 2  # sharing the GPU at 50 %
+        assert 40 <= fastest and slowest <= 200, (job.name, fastest, slowest)

@@ -1,0 +1,107 @@
+"""Every policy on a hand-computed tiny instance.
+
+Cluster: node a with one V100 (2 steps/s), node b with one K80 (1 step/s).
+Jobs at t=0: job 0 needs 200 steps, job 1 needs 100. Restart 10 s, rounds of 60 s.
+"""
+
+import pytest
+
+from slurmhet.cluster import Inventory, Node
+from slurmhet.planner.time_registry import TIME_POLICIES
+from slurmhet.sim import SimConfig, run_policies
+from slurmhet.sim.contention import ContentionModel
+from slurmhet.sim.rates import RateModel
+from slurmhet.sim.traces import TraceJob
+
+
+class TinyRates:
+    def __init__(self, table: dict[str, dict[str, float]]) -> None:
+        self.table = table
+
+    def throughput(self, job_type: str, gpu_type: str, scale: int, consolidated: bool = True) -> float:
+        return self.table[job_type].get(gpu_type, 0.0) * scale
+
+    def job_types(self) -> set[str]:
+        return set(self.table)
+
+
+def tiny(table: dict[str, dict[str, float]]) -> RateModel:
+    return RateModel(TinyRates(table), ContentionModel(1.0, xi2=0.0), {t: 0.0 for t in table})
+
+
+def run(policy: str, jobs: list[TraceJob], inventory: Inventory, rates: RateModel, **cfg: float):
+    instance = TIME_POLICIES[policy](seed=0, round_s=cfg.pop("round_s", 360.0))
+    return run_policies(jobs, inventory, rates, {policy: instance}, SimConfig(**cfg)).runs[policy]
+
+
+def finishes(run_) -> dict[int, float]:
+    return {r.job_id: round(r.finish, 6) for r in run_.records}
+
+EXPECTED = {
+    # Makespan bound (100 + 50) / 2 GPUs = 75 s: both jobs are critical (>= 37.5 s), so the
+    # longest, job 0, takes the V100 (ends 100) and job 1 the K80 (ends 100).
+    "slurmhet": {0: 100.0, 1: 100.0},
+    # H orders job 1 first; job 0 keeps its whole gang on the K80: 200 / 1.
+    "hare": {1: 50.0, 0: 200.0},
+    # Hadar's DP gives each job a GPU, the V100 to job 0 (higher utility); both end at 100.
+    "hadar": {0: 100.0, 1: 100.0},
+    # No idle node to fork onto while both run.
+    "hadare": {0: 100.0, 1: 100.0},
+    # FIFO: job 0 takes the fastest type, job 1 the K80.
+    "gavel-fifo": {0: 100.0, 1: 100.0},
+    # LP round 1 gives job 1 the V100 (ends 50); at the 60 s round job 0 (60 steps done on the
+    # K80) moves to the V100: 60 + 10 + 140 / 2 = 140.
+    "gavel-mmf": {1: 50.0, 0: 140.0},
+    # SRTF: job 1 first on the V100; job 0 keeps the K80 it already runs on.
+    "srtf": {1: 50.0, 0: 200.0},
+    # Smith's rule (job 1 first), type-blind first fit: node a, then node b.
+    "sched-homo": {1: 50.0, 0: 200.0},
+    # The matching puts job 0 at the V100's later position... both start at once, one per type.
+    "sched-allox": {0: 100.0, 1: 100.0},
+    # Type-blind FIFO: job 0 on node a, job 1 on node b.
+    "tiresias": {0: 100.0, 1: 100.0},
+    "yarn-cs": {0: 100.0, 1: 100.0},
+    # Smallest (then shortest) job first on the least-loaded GPU (node a first), job 0 on the other.
+    "sjf-bco": {1: 50.0, 0: 200.0},
+    "ff": {1: 50.0, 0: 200.0},
+    "ls": {1: 50.0, 0: 200.0},
+}
+
+
+def _instance():
+    inventory = Inventory((Node("a", {"v100": 1}), Node("b", {"k80": 1})))
+    rates = tiny({"x": {"v100": 2.0, "k80": 1.0}})
+    return [TraceJob(0, "x", 1, 0.0, 200.0), TraceJob(1, "x", 1, 0.0, 100.0)], inventory, rates
+
+
+def test_every_policy_is_covered() -> None:
+    assert set(EXPECTED) | {"rand"} == set(TIME_POLICIES)
+
+
+@pytest.mark.parametrize("policy", sorted(EXPECTED))
+def test_hand_computed_schedule(policy: str) -> None:
+    jobs, inventory, rates = _instance()
+    assert finishes(run(policy, jobs, inventory, rates, restart_s=10.0, round_s=60.0)) == EXPECTED[policy]
+
+
+def test_rand_runs_both_jobs_one_per_gpu_queue() -> None:
+    jobs, inventory, rates = _instance()
+    done = finishes(run("rand", jobs, inventory, rates, restart_s=10.0))
+    assert set(done) == {0, 1} and max(done.values()) in (100.0, 150.0, 200.0, 300.0)
+
+
+def test_slurmhet_runs_the_critical_job_first_then_smith_order() -> None:
+    jobs, inventory, rates = _instance()
+    jobs = [jobs[0], TraceJob(1, "x", 1, 0.0, 20.0), TraceJob(2, "x", 1, 0.0, 20.0)]
+    # Bound (100 + 10 + 10) / 2 = 60: only job 0 is critical and takes the V100 (ends 100);
+    # jobs 1 and 2 share the K80 in Smith order: 20, then 40.
+    assert finishes(run("slurmhet", jobs, inventory, rates, restart_s=10.0)) == {1: 20.0, 2: 40.0, 0: 100.0}
+
+
+def test_hadare_forks_onto_idle_nodes() -> None:
+    inventory = Inventory((Node("a", {"v100": 1}), Node("b", {"k80": 1})))
+    rates = tiny({"x": {"v100": 2.0, "k80": 1.0}})
+    # One job alone: a copy on each node, 3 steps/s aggregated, 10 s consolidation each 60 s round.
+    run_ = run("hadare", [TraceJob(0, "x", 1, 0.0, 300.0)], inventory, rates, round_s=60.0, consolidate_s=10.0)
+    # Round 1: 50 s x 3 = 150; round 2 (60 s): 10 s pause then 150 / 3 = 50 s -> 120.
+    assert finishes(run_) == {0: 120.0}
