@@ -1,0 +1,1 @@
+"""Benchmarks that reproduce the seeds' comparisons (see bench/README.md)."""

@@ -392,3 +392,99 @@ def replan(obj: Context, mode: str, every_s: float | None, dry_run: bool, as_jso
         if every_s is None:
             return
         time.sleep(every_s)
+
+
+def _progress_bar(total_label: str) -> Any:
+    """A rich progress bar on a terminal, nothing otherwise (pipes and --json stay clean)."""
+    from rich.progress import Progress
+
+    return Progress(console=err_console, transient=True, disable=not err_console.is_terminal)
+
+
+@main.command()
+@click.option("--trace", "trace_path", type=click.Path(dir_okay=False), default=None,
+              help="Gavel .trace or CSV (submit_time,gpus,workload,steps|duration)")
+@click.option("--generate", "generate_n", type=click.IntRange(min=1), default=None, help="a seeded Gavel-style trace")
+@click.option("--arrivals", type=click.Choice(["poisson", "zero"]), default="poisson", show_default=True)
+@click.option("--cluster", "cluster_spec", required=True, help="v100:20,p100:20,k80:20 or a cluster YAML")
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--policy", "policy_list", default="slurmhet", show_default=True, help="comma-separated policy keys")
+@click.option("--round-s", type=float, default=360.0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.option("--plot", "plot_dir", type=click.Path(file_okay=False), default=None)
+def simulate(trace_path: str | None, generate_n: int | None, arrivals: str, cluster_spec: str, gpus_per_node: int,
+             policy_list: str, round_s: float, seed: int, as_json: bool, plot_dir: str | None) -> None:
+    """Replay a trace on a simulated cluster under one or more policies (same planners as submit)."""
+    from slurmhet import sim
+    from slurmhet.cluster import load_inventory_yaml, parse_cluster_spec
+
+    if (trace_path is None) == (generate_n is None):
+        raise InputError("give exactly one of --trace and --generate", place="--trace/--generate",
+                         hint="--generate 100 or --trace jobs.trace")
+    if trace_path is not None:
+        jobs = (sim.load_csv_trace(trace_path) if trace_path.lower().endswith(".csv")
+                else sim.load_gavel_trace(trace_path))
+    else:
+        jobs = sim.generate_trace(generate_n or 0, seed, arrivals)
+    inventory = (load_inventory_yaml(Path(cluster_spec)) if cluster_spec.lower().endswith((".yaml", ".yml"))
+                 else parse_cluster_spec(cluster_spec, gpus_per_node))
+    policies = [p.strip() for p in policy_list.split(",") if p.strip()]
+    with _progress_bar("policies") as bar:
+        task = bar.add_task("simulating", total=len(policies))
+
+        def progress(name: str, index: int, total: int) -> None:
+            bar.update(task, completed=index, description=f"simulating {name}")
+
+        report = sim.simulate(jobs, inventory, None, policies, round_s=round_s, seed=seed, progress=progress)
+    if plot_dir:
+        for path in sim.write_plots(report, plot_dir):
+            err_console.print(f"wrote {path}", markup=False)
+    data = report.to_json()
+    if as_json:
+        _emit_json(data)
+        return
+    table = Table(title=f"slurmhet simulate: {len(jobs)} jobs on {sum(inventory.gpus_by_type().values())} GPUs")
+    columns = ("avg_jct", "weighted_jct", "makespan", "utilization", "avg_queue", "jain", "plan_seconds")
+    for column in ("policy", *columns):
+        table.add_column(column)
+    for name, metrics in data["policies"].items():
+        table.add_row(name, *(f"{metrics[c]:.4g}" if isinstance(metrics.get(c), (int, float)) else "-"
+                              for c in columns))
+    console.print(table)
+
+
+@main.group()
+def bench() -> None:
+    """Benchmarks that print JSON with ratios against baselines and bounds."""
+
+
+@bench.command("placement")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object (the default output is JSON too)")
+@click.option("--case", "cases", multiple=True, help="only these cases")
+def bench_placement(as_json: bool, cases: tuple[str, ...]) -> None:
+    """Sizing + placement vs HAS/JPS/Optimus and the exact optimum or LP bound (seed 001)."""
+    from bench import placement
+
+    _emit_json(placement.run(True, list(cases) or None))
+
+
+@bench.command("reproduce")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object (the default output is JSON too)")
+@click.option("--case", "cases", multiple=True, help="only these cases")
+@click.option("--quick", is_flag=True, help="scaled-down instances")
+def bench_reproduce(as_json: bool, cases: tuple[str, ...], quick: bool) -> None:
+    """The papers' simulations (Hare, Hadar/HadarE, SJF-BCO, Gavel traces, scale)."""
+    from bench import reproduce
+
+    _emit_json(reproduce.run(list(cases) or None, quick))
+
+
+@bench.command("emit")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object (the default output is JSON too)")
+@click.option("--jobs", type=click.IntRange(min=1), default=1000, show_default=True)
+def bench_emit(as_json: bool, jobs: int) -> None:
+    """Submissions per second to the real slurmctld: one array vs one sbatch per job."""
+    from bench import emit
+
+    _emit_json(emit.run(jobs))

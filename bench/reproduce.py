@@ -1,0 +1,239 @@
+"""Reproductions of the papers' comparisons: ``python -m bench.reproduce --json [--case NAME] [--quick]``.
+
+Every case runs all its policies in one process on the same jobs and cluster and
+reports their metrics plus ratios against slurmhet's default (policy / slurmhet).
+The set-ups and every number we had to choose are in bench/README.md (Reproductions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable
+
+from slurmhet.cluster import Inventory, Node, parse_cluster_spec
+from slurmhet.planner.hadar import Hadar
+from slurmhet.planner.sjf_bco import SjfBco
+from slurmhet.planner.time_base import ClusterView, JobState
+from slurmhet.planner.time_registry import TIME_POLICIES
+from slurmhet.sim import SimConfig, default_throughputs, generate_trace, load_gavel_trace, run_policies
+from slurmhet.sim.contention import ContentionModel
+from slurmhet.sim.engine import capacity_of
+from slurmhet.sim.rates import RateModel, ThroughputSource
+from slurmhet.sim.traces import TraceJob, resolve_steps
+
+TRACES = Path(__file__).resolve().parent.parent / "slurmhet" / "data" / "gavel" / "traces"
+SHARED_TRACES = Path("/work/shared/data/gavel/traces")
+#: GPU types Gavel did not measure, as (measured type, speed factor); see bench/README.md.
+DERIVED_TYPES = {"t4": ("p100", 0.8), "m60": ("k80", 1.1)}
+
+
+class DerivedThroughputs:
+    """Adds T4 and M60 to Gavel's table by scaling a measured type (same factor for every job)."""
+
+    def __init__(self, base: ThroughputSource) -> None:
+        self.base = base
+
+    def throughput(self, job_type: str, gpu_type: str, scale: int, consolidated: bool = True) -> float:
+        source, factor = DERIVED_TYPES.get(gpu_type, (gpu_type, 1.0))
+        return self.base.throughput(job_type, source, scale, consolidated) * factor
+
+    def job_types(self) -> set[str]:
+        return self.base.job_types()
+
+
+class FixedRates:
+    """Synthetic per-iteration times (seed 004's set-up): ``k / tau_j`` worker-steps/s on any GPU."""
+
+    def __init__(self, tau: dict[str, float]) -> None:
+        self.tau = tau
+
+    def throughput(self, job_type: str, gpu_type: str, scale: int, consolidated: bool = True) -> float:
+        return scale / self.tau[job_type]
+
+    def job_types(self) -> set[str]:
+        return set(self.tau)
+
+
+def _report(report: Any, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    out = report.to_json()
+    out["ratios_vs_slurmhet"] = report.ratios("slurmhet")
+    out.update(extra or {})
+    return out
+
+
+def _policies(names: list[str], round_s: float, seed: int = 0) -> dict[str, Any]:
+    return {n: TIME_POLICIES[n](seed=seed, round_s=round_s) for n in names}
+
+
+def case_hare(quick: bool) -> dict[str, Any]:
+    """Seed 000 section 7.3: 160 GPUs of V100/T4/K80/M60, 200 jobs of the 8 workload types."""
+    n_jobs, per_type = (40, 8) if quick else (200, 40)
+    types = ["ResNet-18 (batch size 128)", "ResNet-50 (batch size 64)", "ResNet-50 (batch size 32)",
+             "Transformer (batch size 32)", "Transformer (batch size 128)", "LM (batch size 20)",
+             "Recommendation (batch size 512)", "Recommendation (batch size 1024)"]
+    rng = random.Random(7)
+    jobs = [replace(j, weight=float(rng.randint(1, 4)))
+            for j in generate_trace(n_jobs, 7, "poisson", mean_interarrival_s=30.0, job_types=types)]
+    inventory = parse_cluster_spec(",".join(f"{t}:{per_type}" for t in ("v100", "t4", "k80", "m60")), 8)
+    rates = RateModel(DerivedThroughputs(default_throughputs()), ContentionModel(inventory.inter_node_gbps))
+    jobs = resolve_steps(jobs, lambda t, k: rates.type_rate(t, k, "v100"))
+    names = ["slurmhet", "hare", "gavel-fifo", "srtf", "sched-homo", "sched-allox"]
+    report = run_policies(jobs, inventory, rates, _policies(names, 360.0), SimConfig(restart_s=1.0))
+    return _report(report)
+
+
+def hadar_jobs(n: int, rates: RateModel, seed: int = 3) -> list[TraceJob]:
+    """Seed 003 IV-A: GPU-hour classes S/M/L/XL mapped to Table III's models, all at t=0.
+
+    Class frequencies are Philly-like (most jobs small: 72/20/6/2%), which puts the
+    total work near the paper's scale (Hadar's TTD of about 40 h on 60 GPUs).
+    """
+    classes = [((0.0, 1.0), ["ResNet-18 (batch size 128)"]), ((1.0, 10.0), ["CycleGAN"]),
+               ((10.0, 50.0), ["LM (batch size 20)", "Transformer (batch size 128)"]),
+               ((60.0, 100.0), ["ResNet-50 (batch size 64)"])]
+    rng = random.Random(seed)
+    jobs = []
+    for job_id in range(n):
+        (low, high), models = rng.choices(classes, weights=(72, 20, 6, 2))[0]
+        model = rng.choice(models)
+        gpus = 1 if model == "CycleGAN" else rng.choices((1, 2, 4, 8), weights=(70, 10, 15, 5))[0]
+        gpu_hours = rng.uniform(max(low, 0.05), high)
+        steps = gpu_hours * 3600 / gpus * rates.type_rate(model, gpus, "v100")
+        jobs.append(TraceJob(job_id, model, gpus, 0.0, steps))
+    return jobs
+
+
+def case_hadar(quick: bool) -> dict[str, Any]:
+    """Seed 003 section IV: 15 nodes x 4 GPUs (20 V100, 20 P100, 20 K80), 480 jobs at t=0."""
+    inventory = parse_cluster_spec("v100:20,p100:20,k80:20", 4)
+    rates = RateModel(default_throughputs(), ContentionModel(inventory.inter_node_gbps))
+    jobs = hadar_jobs(96 if quick else 480, rates)
+    names = ["slurmhet", "hadar", "gavel-mmf", "tiresias", "yarn-cs"]
+    report = run_policies(jobs, inventory, rates, _policies(names, 360.0), SimConfig(round_s=360.0, restart_s=10.0))
+    return _report(report)
+
+
+def case_hadare(quick: bool) -> dict[str, Any]:
+    """Seed 003 VI-B: the AWS cluster (1 V100, 2 K80, 2 T4 single-GPU nodes), mixes M-1..M-12."""
+    inventory = Inventory(tuple(Node(f"n{i}-{t}", {t: 1}) for i, t in enumerate(("v100", "k80", "k80", "t4", "t4"))))
+    rates = RateModel(DerivedThroughputs(default_throughputs()), ContentionModel(inventory.inter_node_gbps))
+    model = {"IC": "ResNet-18 (batch size 128)", "LM": "LM (batch size 20)", "LT": "Transformer (batch size 64)",
+             "RS": "Recommendation (batch size 1024)", "MM": "ResNet-50 (batch size 32)"}
+    mixes = {"M-1": ["MM"], "M-3": ["LT", "MM", "MM"], "M-4": ["IC", "LM", "LT", "MM"],
+             "M-5": ["IC", "LM", "LT", "RS", "MM"], "M-8": ["IC", "LM", "LT", "RS"] + ["MM"] * 4,
+             "M-10": ["IC", "LM", "LT", "RS"] + ["MM"] * 6, "M-12": ["IC", "LM", "LT", "RS"] + ["MM"] * 8}
+    if quick:
+        mixes = {k: mixes[k] for k in ("M-1", "M-5")}
+    out: dict[str, Any] = {}
+    for mix, members in mixes.items():
+        jobs = [TraceJob(i, model[m], 1, 0.0, 1200.0 * rates.type_rate(model[m], 1, "v100"))
+                for i, m in enumerate(members)]
+        names = ["slurmhet", "hadare", "hadar", "gavel-mmf"]
+        report = run_policies(jobs, inventory, rates, _policies(names, 180.0),
+                              SimConfig(round_s=180.0, restart_s=10.0, consolidate_s=10.0))
+        out[mix] = _report(report)
+    return {"mixes": out}
+
+
+def case_sjfbco(quick: bool) -> dict[str, Any]:
+    """Seed 004 section 7: 160 jobs, F_j in [1000, 6000], 20 servers of 4/8/16/32 GPUs, T = 1200."""
+    rng = random.Random(4)
+    sizes = [1] * 80 + [2] * 14 + [4] * 26 + [8] * 30 + [16] * 8 + [32] * 2
+    servers = [rng.choice((4, 8, 16, 32)) for _ in range(20)]
+    if quick:
+        sizes, servers = sizes[::4], servers[:5]
+    inventory = Inventory(tuple(Node(f"s{i}", {"gpu": c}) for i, c in enumerate(servers)))
+    tau = {f"rar-{j}": rng.uniform(0.01, 0.05) for j in range(len(sizes))}
+    # Gradient size so that one uncontended cross-server all-reduce adds ~10% to an iteration (<= 15%).
+    model_gb = {name: 0.1 * t * 1.25 / 2.0 for name, t in tau.items()}
+    rates = RateModel(FixedRates(tau), ContentionModel(1.25, xi1=1.0, xi2=0.001, alpha=0.1), model_gb)
+    jobs = [TraceJob(j, f"rar-{j}", g, 0.0, rng.randint(1000, 6000) * g) for j, g in enumerate(sizes)]
+    names = ["slurmhet", "sjf-bco", "ff", "ls", "rand"]
+    report = run_policies(jobs, inventory, rates, _policies(names, 360.0), SimConfig(restart_s=0.0))
+    sweep = {}
+    for kappa in sorted(set(sizes)):
+        policy = SjfBco()
+        policy.kappa = kappa
+        run = run_policies(jobs, inventory, rates, {"sjf-bco": policy}, SimConfig(restart_s=0.0))
+        sweep[str(kappa)] = round(run.metrics["sjf-bco"].makespan, 3)
+    return _report(report, {"kappa_sweep_makespan": sweep, "T": 1200})
+
+
+def case_gavel_trace(quick: bool) -> dict[str, Any]:
+    """Gavel's physical-cluster traces on 8 V100 + 16 P100 + 24 K80."""
+    inventory = parse_cluster_spec("v100:8,p100:16,k80:24", 4)
+    rates = RateModel(default_throughputs(), ContentionModel(inventory.inter_node_gbps))
+    folder = TRACES if TRACES.is_dir() else SHARED_TRACES
+    out = {}
+    for name in ("max_min_fairness", "minimize_makespan"):
+        jobs = load_gavel_trace(folder / f"{name}.trace", rates.source.job_types())
+        jobs = jobs[:24] if quick else jobs
+        report = run_policies(jobs, inventory, rates, _policies(["slurmhet", "gavel-mmf", "gavel-fifo"], 360.0),
+                              SimConfig(round_s=360.0, restart_s=10.0))
+        out[name] = _report(report)
+    return {"traces": out}
+
+
+def case_scale(quick: bool) -> dict[str, Any]:
+    """Planner seconds per decision with 2,048 queued jobs on 1,024 GPUs of 4 types (256 nodes x 4)."""
+    n_jobs, per_type = (256, 32) if quick else (2048, 256)
+    inventory = parse_cluster_spec(",".join(f"{t}:{per_type}" for t in ("v100", "p100", "t4", "k80")), 4)
+    rates = RateModel(DerivedThroughputs(default_throughputs()), ContentionModel(inventory.inter_node_gbps))
+    trace = resolve_steps(generate_trace(n_jobs, 11, "zero"), lambda t, k: rates.type_rate(t, k, "v100"))
+    out = {}
+    for name, policy in (("slurmhet", TIME_POLICIES["slurmhet"]()), ("hadar", Hadar())):
+        jobs = [JobState(j.job_id, j.job_type, j.gpus, j.weight, 0.0, j.total_steps or 0.0, j.total_steps or 0.0)
+                for j in trace]
+        view = ClusterView(0.0, capacity_of(inventory), jobs, rates, tuple(n.name for n in inventory.nodes))
+        timings = []
+        for _ in range(2):  # an empty cluster, then a steady round with every job placed where it was
+            started = time.perf_counter()
+            decision = policy.decide(view)
+            timings.append(time.perf_counter() - started)
+            for job in jobs:
+                job.placement = decision.get(job.job_id, ())
+        out[name] = {"plan_seconds_first": round(timings[0], 4), "plan_seconds_steady": round(timings[1], 4),
+                     "placed_jobs": sum(1 for j in jobs if j.placement)}
+    return {"jobs": n_jobs, "gpus": 4 * per_type, "policies": out}
+
+
+CASES: dict[str, Callable[[bool], dict[str, Any]]] = {
+    "hare": case_hare, "hadar": case_hadar, "hadare": case_hadare, "sjfbco": case_sjfbco,
+    "gavel-trace": case_gavel_trace, "scale": case_scale,
+}
+
+
+def run(cases: list[str] | None, quick: bool = False) -> dict[str, Any]:
+    """Run the named cases (all when None); returns ``{"cases": {name: result}}``."""
+    names = cases or list(CASES)
+    unknown = [c for c in names if c not in CASES]
+    if unknown:
+        raise ValueError(f"unknown case(s) {unknown}; known: {', '.join(CASES)}")
+    out: dict[str, Any] = {}
+    for name in names:
+        started = time.perf_counter()
+        out[name] = CASES[name](quick)
+        out[name]["wall_seconds"] = round(time.perf_counter() - started, 2)
+    return {"quick": quick, "cases": out}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", action="append", choices=sorted(CASES))
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+    result = run(args.case, args.quick)
+    json.dump(result, sys.stdout, indent=2 if not args.json else None)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
