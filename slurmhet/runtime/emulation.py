@@ -17,12 +17,23 @@ from typing import Callable, Mapping
 
 from slurmhet.errors import InputError
 
-#: samples/s of the example workloads (examples/train.py) per GPU type. The
-#: ratios follow the usual V100 : T4 : K80 gap for small dense models.
-EXAMPLE_SAMPLES_PER_S: Mapping[str, Mapping[str, float]] = {
-    "mlp-small": {"v100": 1600.0, "t4": 800.0, "k80": 400.0},
-    "mlp-large": {"v100": 800.0, "t4": 400.0, "k80": 160.0},
-}
+#: The dev cluster's table (etc/throughput/devcluster.yaml) used when the job's
+#: environment names none, so the pace matches what the planner predicted.
+DEFAULT_TABLE = Path(__file__).resolve().parents[2] / "etc" / "throughput" / "devcluster.yaml"
+
+
+def table_rate(table_path: Path, model: str, gpu_type: str) -> float:
+    """The throughput table's per-GPU samples/s for ``model`` on ``gpu_type`` (any batch size row)."""
+    from slurmhet.throughput import canonical_model, load_tables, split_key
+
+    table = load_tables([table_path])
+    rows = sorted((w, e.value) for (w, t), e in table.entries.items()
+                  if t == gpu_type and canonical_model(split_key(w)[0]) == canonical_model(model))
+    if not rows:
+        raise InputError(f"no throughput for model {model!r} on GPU type {gpu_type!r} in {table_path}",
+                         place="emulation", hint="add the model to the throughput table or set "
+                         "SLURMHET_EMULATED_SAMPLES_PER_S")
+    return rows[0][1]
 
 
 def enabled(env: Mapping[str, str]) -> bool:
@@ -66,7 +77,7 @@ def node_gpu_type(env: Mapping[str, str]) -> str | None:
 
 
 def emulated_samples_per_s(env: Mapping[str, str], model: str, gpu_type: str | None) -> float:
-    """Target rate: ``SLURMHET_EMULATED_SAMPLES_PER_S`` if set, else the built-in table.
+    """Target rate: ``SLURMHET_EMULATED_SAMPLES_PER_S`` if set, else the throughput table's value.
 
     Under an MPS pack the member gets ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` percent
     of the GPU's rate, so co-location costs something in emulation too.
@@ -80,14 +91,10 @@ def emulated_samples_per_s(env: Mapping[str, str], model: str, gpu_type: str | N
             raise InputError("SLURMHET_EMULATED_SAMPLES_PER_S must be a positive number",
                              place="SLURMHET_EMULATED_SAMPLES_PER_S", hint="e.g. 800")
     else:
-        table = EXAMPLE_SAMPLES_PER_S.get(model)
-        if table is None:
-            raise InputError(f"no emulated throughput for model {model!r}", place="emulation",
-                             hint="one of " + ", ".join(EXAMPLE_SAMPLES_PER_S) + " or set SLURMHET_EMULATED_SAMPLES_PER_S")
-        if gpu_type not in table:
-            raise InputError(f"no emulated throughput for GPU type {gpu_type!r}", place="emulation",
+        if not gpu_type:
+            raise InputError("no GPU type known for this node", place="emulation",
                              hint="set SLURMHET_GPU_TYPE or SLURMHET_NODE_GPU_TYPES=nodea=v100,...")
-        rate = table[gpu_type]
+        rate = table_rate(Path(env.get("SLURMHET_THROUGHPUT_TABLE") or DEFAULT_TABLE), model, gpu_type)
     share = env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
     if share:
         rate *= min(100.0, max(1.0, float(share))) / 100.0

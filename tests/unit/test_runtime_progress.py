@@ -8,7 +8,7 @@ import pytest
 
 from slurmhet.cluster import Inventory, Node
 from slurmhet.errors import InputError
-from slurmhet.runtime.emulation import EXAMPLE_SAMPLES_PER_S, StepPacer, emulated_samples_per_s, enabled, node_gpu_type
+from slurmhet.runtime.emulation import DEFAULT_TABLE, StepPacer, emulated_samples_per_s, enabled, node_gpu_type, table_rate
 from slurmhet.runtime.progress import (ProgressRecord, ProgressReporter, job_steps, progress_path, read_progress,
                                        write_progress)
 from slurmhet.spec import load_file
@@ -70,7 +70,7 @@ def test_node_gpu_type_sources_in_order(tmp_path: Path) -> None:
 
 def test_emulated_rates_follow_the_table_and_the_mps_share() -> None:
     assert enabled({"SLURMHET_EMULATE_THROUGHPUT": "1"}) and not enabled({})
-    assert emulated_samples_per_s({}, "mlp-small", "k80") == EXAMPLE_SAMPLES_PER_S["mlp-small"]["k80"]
+    assert emulated_samples_per_s({}, "mlp-small", "k80") == 400.0  # etc/throughput/devcluster.yaml
     assert emulated_samples_per_s({"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "50"}, "mlp-small", "v100") == 800.0
     assert emulated_samples_per_s({"SLURMHET_EMULATED_SAMPLES_PER_S": "123"}, "anything", None) == 123.0
     with pytest.raises(InputError, match="GPU type"):
@@ -99,7 +99,7 @@ def test_pacer_holds_the_cumulative_rate() -> None:
 def _rate_sum(model: str, types: tuple[str, ...], count: int, fastest: bool) -> float:
     """Summed emulated rate of ``count`` GPUs of the allowed types, fastest or slowest first, within the cluster."""
     have = DEV_CLUSTER.gpus_by_type()
-    pool = sorted((EXAMPLE_SAMPLES_PER_S[model][t] for t in types for _ in range(have[t])), reverse=fastest)
+    pool = sorted((table_rate(DEFAULT_TABLE, model, t) for t in types for _ in range(have[t])), reverse=fastest)
     return sum(pool[:count])
 
 
