@@ -488,3 +488,53 @@ def bench_emit(as_json: bool, jobs: int) -> None:
     from bench import emit
 
     _emit_json(emit.run(jobs))
+
+
+@main.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--policy", default=None, help="planner key (default: the configured default, 'slurmhet')")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def plan(obj: Context, files: tuple[str, ...], policy: str | None, as_json: bool) -> None:
+    """Plan the jobs in FILES on the live cluster and print the plan; submits nothing."""
+    import time
+
+    from slurmhet.submission import Candidate, describe, plan_for, throughput_table
+
+    specs = _load_specs(files)
+    inventory = obj.inventory()
+    for spec, _ in specs:
+        specmod.check_against_cluster(spec, inventory.usable())
+    now = time.time()
+    candidates = [Candidate(i + 1, spec, now) for i, (spec, _) in enumerate(specs)]
+    with _progress_bar("planning") as bar:
+        task = bar.add_task("planning", total=None)
+
+        def progress(done: int, total: int, label: str) -> None:
+            bar.update(task, completed=done, total=total, description=label)
+
+        result = plan_for(candidates, inventory, throughput_table(obj.settings), policy or obj.settings.default_policy,
+                          now, progress=progress)
+    rows = []
+    for c in candidates:
+        jp = result.job(str(c.job_id))
+        rows.append({
+            "name": c.spec.name, "allocation": describe(jp.allocation),
+            "gpus_by_type": jp.allocation.by_type() if jp.allocation else {},
+            "nodes": list(jp.allocation.nodes) if jp.allocation else [],
+            "shard_weights": [round(w, 6) for w in jp.shard_weights], "predicted_jct_s": round(jp.jct_s, 3),
+            "epoch_s": round(jp.epoch_seconds, 3), "order": jp.order, "colocation_group": jp.colocation_group,
+            "needs_mps": jp.needs_mps, "wait_reason": jp.wait_reason, "priors": list(jp.priors),
+        })
+    if as_json:
+        _emit_json({"policy": result.policy, "avg_jct_s": result.avg_jct, "jobs": rows})
+        return
+    table = Table(title=f"slurmhet plan ({result.policy}): avg JCT {result.avg_jct:.0f} s")
+    for column in ("#", "job", "GPUs", "shard weights", "pred JCT s", "co-location", "note"):
+        table.add_column(column)
+    for row in sorted(rows, key=lambda r: r["order"]):
+        note = row["wait_reason"] or (("prior throughput: " + ",".join(row["priors"])) if row["priors"] else "")
+        table.add_row(str(row["order"]), row["name"], row["allocation"],
+                      " ".join(f"{w:.3f}" for w in row["shard_weights"]), f"{row['predicted_jct_s']:.0f}",
+                      (row["colocation_group"] or "") + (" (MPS)" if row["needs_mps"] else ""), note)
+    console.print(table)

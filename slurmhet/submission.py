@@ -15,14 +15,14 @@ import pwd
 import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from slurmhet.cluster import Inventory
 from slurmhet.config import Settings
 from slurmhet.emit.from_plan import EmitSettings, pack_parts, requests_for
 from slurmhet.emit.multipart import MultiPartOutcome, MultiPartSubmitter, Part
 from slurmhet.errors import InputError
-from slurmhet.planner import POLICIES, Allocation, JobPlan, Plan, PlanningInput, plan_job_from_spec
+from slurmhet.planner import POLICIES, Allocation, JobPlan, Plan, PlanningInput, Progress, plan_job_from_spec
 from slurmhet.slurm.client import SlurmClient
 from slurmhet.slurm.profile import SiteProfile
 from slurmhet.slurm.runner import SlurmCommandError, SlurmRunner
@@ -90,7 +90,7 @@ def candidate_of(job: Job, samples_done: float = 0.0) -> Candidate:
 
 
 def plan_for(candidates: Sequence[Candidate], inventory: Inventory, table: ThroughputTable, policy: str,
-             now: float, progress: Callable[[float], None] | None = None) -> Plan:
+             now: float, progress: Progress | None = None) -> Plan:
     """Run the chosen planner over every candidate; placed jobs stay pinned."""
     if policy not in POLICIES:
         raise InputError(f"unknown policy {policy!r}", place="--policy", hint="one of " + ", ".join(POLICIES))
@@ -285,7 +285,7 @@ class Dispatcher:
 
 def submit_new(db: Database | None, dispatcher_args: tuple[SlurmClient, SiteProfile, Settings, SlurmRunner],
                specs: Sequence[tuple[JobSpec, str]], inventory: Inventory, dry_run: bool,
-               progress: Callable[[float], None] | None = None) -> list[Outcome]:
+               progress: Progress | None = None) -> list[Outcome]:
     """`slurmhet submit`: store the new jobs, plan them with every unplaced job, submit what starts now."""
     client, profile, settings, runner = dispatcher_args
     for spec, _ in specs:
@@ -321,7 +321,7 @@ def submit_new(db: Database | None, dispatcher_args: tuple[SlurmClient, SiteProf
 def _plan_and_dispatch(db: Database, dispatcher_args: tuple[SlurmClient, SiteProfile, Settings, SlurmRunner],
                        existing: list[Candidate], new_ids: list[int], specs: Sequence[tuple[JobSpec, str]],
                        owner: str, inventory: Inventory, table: ThroughputTable, now: float,
-                       progress: Callable[[float], None] | None) -> list[Outcome]:
+                       progress: Progress | None) -> list[Outcome]:
     client, profile, settings, runner = dispatcher_args
     fresh = [Candidate(i, spec, now, owner=owner) for i, (spec, _) in zip(new_ids, specs)]
     plan = plan_for(existing + fresh, inventory, table, settings.default_policy, now, progress)
