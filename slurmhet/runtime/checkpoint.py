@@ -22,9 +22,7 @@ leaving the checkpoint and a ``timeout`` progress state for the replanner.
 from __future__ import annotations
 
 import math
-import os
 import signal
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +30,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from slurmhet.errors import InputError, SystemFailure
+from slurmhet.runtime.progress import atomic_write
 
 if TYPE_CHECKING:
     import torch
@@ -64,17 +63,7 @@ def save_checkpoint(path: str | Path, checkpoint: TrainingCheckpoint) -> Path:
     import torch
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(checkpoint.to_dict(), handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write(path, lambda handle: torch.save(checkpoint.to_dict(), handle))
     return path
 
 

@@ -16,7 +16,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, BinaryIO, Callable, Iterable, Mapping
 
 #: Run states a record can carry. ``timeout``/``preempted`` mean "checkpointed and stopped".
 STATES = ("starting", "running", "done", "failed", "preempted", "timeout")
@@ -66,19 +66,23 @@ def progress_path(directory: Path, job_id: str, slurm_job_id: str, rank: int) ->
     return Path(directory) / f"{job_id}.{slurm_job_id}.{rank}.json"
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file in the same directory and ``os.replace``."""
+def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Write through ``write`` into a temporary file beside ``path``, fsync, then ``os.replace``: never a torn file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, "wb") as handle:
+            write(handle)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda handle: handle.write(text.encode("utf-8")))
 
 
 def write_progress(path: Path, record: ProgressRecord) -> None:
