@@ -45,10 +45,12 @@ class EmitSettings:
     env: tuple[tuple[str, str], ...] = ()
 
 
-def _common(job_id: int, spec: JobSpec, settings: EmitSettings, also: tuple[int, ...] = ()) -> Common:
+def _common(job_id: int, spec: JobSpec, settings: EmitSettings, also: tuple[int, ...] = (),
+            profile: SiteProfile | None = None) -> Common:
     return Common(job_id=job_id, name=spec.name, log_dir=settings.log_dir, time_limit_min=spec.time_limit_min,
                   store_tag=settings.store_tag,
-                  partition=settings.partition, extra=spec.sbatch, also=also)
+                  partition=settings.partition, extra=spec.sbatch, also=also,
+                  spank=bool(profile is not None and profile.spank_plugin))
 
 
 def _spec_env(spec: JobSpec, settings: EmitSettings) -> tuple[tuple[str, str], ...]:
@@ -84,7 +86,7 @@ def requests_for(job_id: int, spec: JobSpec, job_plan: JobPlan, profile: SitePro
                  copies: Sequence[Allocation] = (), round: int = 0) -> list[Part]:
     """The parts that run ``job_plan`` (``copies``: HadarE's forked copies this round, one allocation each)."""
     launch = Launch(program=spec.command, launcher=settings.launcher, env=_spec_env(spec, settings))
-    common = _common(job_id, spec, settings)
+    common = _common(job_id, spec, settings, profile=profile)
     if len(copies) > 1:
         return _forked(job_id, spec, launch, common, copies, profile, settings, round)
     if job_plan.allocation is None or not job_plan.allocation.slots:
@@ -146,7 +148,7 @@ def pack_parts(members: Sequence[tuple[int, JobSpec, JobPlan]], profile: SitePro
     lead_id, lead_spec, _ = members[0]
     pack_members = tuple(PackMember(job_id, spec.name, spec.command, _spec_env(spec, settings)) for job_id, spec, _ in members)
     limits = [spec.time_limit_min for _, spec, _ in members]
-    common = replace(_common(lead_id, lead_spec, settings, also=tuple(m[0] for m in members[1:])),
+    common = replace(_common(lead_id, lead_spec, settings, also=tuple(m[0] for m in members[1:]), profile=profile),
                      time_limit_min=None if None in limits else max(limits))  # type: ignore[type-var]
     return [Part(PackRequest(common, settings.launcher, settings.slurmhet, gpu_type, pack_members, sharing,
                              share_count, (node_name,), profile.gpu_request_style))]

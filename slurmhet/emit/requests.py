@@ -47,6 +47,8 @@ class Common:
     signal_s: int = 120
     #: Further slurmhet jobs this Slurm job carries (a pack's other members), so adoption finds them all.
     also: tuple[int, ...] = ()
+    #: The site has slurmhet's SPANK plugin (profile.spank_plugin): pass ``--slurmhet-job``.
+    spank: bool = False
     #: The store's instance id: job ids are per store, so the tag says whose ids these are.
     store_tag: str = ""
 
@@ -63,6 +65,8 @@ class Common:
             opts.append(f"--time={self.time_limit_min}")
         if self.partition:
             opts.append(f"--partition={self.partition}")
+        if self.spank:
+            opts.append(f"--slurmhet-job={self.job_id}")
         opts += [f"--{k}={v}" if v is not None else f"--{k}" for k, v in self.extra]
         return opts
 
@@ -344,6 +348,8 @@ class ConsolidationRequest:
 
 
 PACK_SHARING = ("gpu", "mps", "shard")
+#: ``--slurmhet-mps`` for an MPS pack: the pack holds its whole share; members split it by thread_percentage.
+PACK_MPS_PERCENT = 100
 
 
 @dataclass(frozen=True)
@@ -404,6 +410,9 @@ class PackRequest:
             raise InputError("a pack needs at least two members and a positive share", place=f"job {self.common.job_id}",
                              hint="a lone job is a BatchRequest")
         opts = self.common.options() + [self.gres_option(), "--nodes=1", "--ntasks=1"]
+        if self.common.spank and self.sharing == "mps":
+            # The plugin makes the job-private MPS directories and daemon; members keep their own percentages.
+            opts.append(f"--slurmhet-mps={PACK_MPS_PERCENT}")
         if self.nodelist:
             opts.append("--nodelist=" + ",".join(self.nodelist))
         check_slurm_can([opts])

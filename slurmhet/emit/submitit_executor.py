@@ -6,13 +6,18 @@ that one runner runs every Slurm command (so refusals carry Slurm's message).
 
 from __future__ import annotations
 
+import re
+import shlex
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import submitit
 from submitit.core import utils
+from submitit.slurm.slurm import SlurmInfoWatcher, SlurmJob
 
+from slurmhet.emit.requests import HetJobRequest, Materialized
 from slurmhet.slurm.parsers import parse_sbatch_parsable
 from slurmhet.slurm.runner import SlurmRunner
 
@@ -46,3 +51,50 @@ class RunnerSlurmExecutor(submitit.SlurmExecutor):
         self._write_job_id(job.job_id, tmp_uuid)
         self._set_job_permissions(job.paths.folder)
         return job
+
+
+class HetInfoWatcher(SlurmInfoWatcher):
+    """submitit's sacct reader, taught heterogeneous ids: ``N+k`` rows answer for job ``N``."""
+
+    def read_info(self, string: bytes | str) -> dict[str, dict[str, str]]:
+        text = string.decode() if isinstance(string, bytes) else string
+        lines = text.splitlines()
+        return super().read_info("\n".join(lines[:1] + [re.sub(r"^(\d+)\+\d+", r"\1", line) for line in lines[1:]]))
+
+
+class HetSlurmJob(SlurmJob[Any]):
+    watcher = HetInfoWatcher(delay_s=600)
+
+
+class HetSubmititExecutor(RunnerSlurmExecutor):
+    """submitit for heterogeneous jobs: the script is slurmhet's het template, the handles are submitit's.
+
+    submitit holds one resource shape per job, so a ``HetJobRequest`` supplies the
+    components; submitit's own worker command becomes the program the one
+    ``srun --het-group=0,1,...`` step launches. Every task sees the leader's
+    ``SLURM_JOB_ID`` and a global ``SLURM_PROCID``, which is what submitit's
+    job environment reads, so results and requeue behave as for a plain job.
+    """
+
+    def __init__(self, folder: str | Path, runner: SlurmRunner, request: HetJobRequest, timeout: float = 30.0,
+                 **kwargs: Any) -> None:
+        super().__init__(folder, runner, timeout, **kwargs)
+        self.request = request
+        self._rendered: Materialized | None = None
+
+    job_class = HetSlurmJob
+
+    def _num_tasks(self) -> int:
+        return sum(c.tasks for c in self.request.components)
+
+    def _make_submission_file_text(self, command: str, uid: str) -> str:
+        # SUBMITIT_EXECUTOR tells submitit's worker it runs under Slurm (its own template exports it too).
+        launch = replace(self.request.launch, program=tuple(shlex.split(command)),
+                         env=(("SUBMITIT_EXECUTOR", "slurm"), *self.request.launch.env))
+        self._rendered = replace(self.request, launch=launch).materialize()
+        return self._rendered.script
+
+    def _make_submission_command(self, submission_file_path: Path) -> list[str]:
+        if self._rendered is None:
+            raise RuntimeError("the het script is rendered before the submission command")
+        return ["sbatch", "--parsable", *self._rendered.argv, str(submission_file_path)]

@@ -181,3 +181,30 @@ def test_python_callable_through_submitit_returns_its_result(tmp_path: Path) -> 
     assert job.result() == 49
     assert [j.result() for j in jobs] == [1, 4, 9]
     assert len({j.job_id.split("_")[0] for j in jobs}) == 1  # one array
+
+
+def _where() -> tuple[str, str, str, str]:
+    import os
+
+    return (os.environ["SLURMD_NODENAME"], os.environ["RANK"], os.environ["WORLD_SIZE"],
+            os.environ["SLURMHET_SHARD_WEIGHT"])
+
+
+def test_python_callable_as_het_job_through_submitit(tmp_path: Path) -> None:
+    """submitit cannot express a het job; our executor subclass renders it and keeps submitit's handles."""
+    from slurmhet.emit.submitit_executor import HetSubmititExecutor
+
+    request = HetJobRequest(
+        Common(9010, "submitit het", str(tmp_path), time_limit_min=5),
+        Launch((), LAUNCHER),
+        (GpuShape("v100", 1, 1, ("nodea",)), GpuShape("t4", 2, 1, ("nodeb",))),
+        shard_weights=(0.5, 0.25, 0.25),
+    )
+    executor = HetSubmititExecutor(tmp_path / "submitit", SubprocessRunner(timeout=30), request, python=sys.executable)
+    job = executor.submit(_where)
+    results = job.results()  # one per rank, in rank order (submitit's multi-task handle)
+    assert results[0] == ("nodea", "0", "3", "0.5")
+    assert sorted(results) == [("nodea", "0", "3", "0.5"), ("nodeb", "1", "3", "0.25"),
+                                     ("nodeb", "2", "3", "0.25")]
+    records = _settled([job.job_id], 2)
+    assert {r.id.het_offset: r.gpus_by_type() for r in records} == {0: {"v100": 1}, 1: {"t4": 2}}
