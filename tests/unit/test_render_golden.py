@@ -62,6 +62,13 @@ CASES: dict[str, BatchRequest | HetJobRequest | ArrayRequest | ConsolidationRequ
     "pack-mps": PackRequest(replace(_common(), also=(43,)), LAUNCHER, SLURMHET, "v100",
                             (PackMember(42, "a", ("x",), (), 50), PackMember(43, "b", ("y",), (), 50)),
                             sharing="mps", share_count=100, nodelist=("nodea",)),
+    # The site has slurmhet's SPANK plugin (profile.spank_plugin): --slurmhet-job everywhere, --slurmhet-mps for MPS packs.
+    "batch-gres-spank": BatchRequest(replace(_common(), spank=True), Launch(("python", "train.py"), LAUNCHER), "t4", 2),
+    "het-gres-spank": HetJobRequest(replace(_common(), spank=True), Launch(("python", "train.py"), LAUNCHER),
+                                    HET_SHAPES, "gres"),
+    "pack-mps-spank": PackRequest(replace(_common(), also=(43,), spank=True), LAUNCHER, SLURMHET, "v100",
+                                  (PackMember(42, "a", ("x",), (), 50), PackMember(43, "b", ("y",), (), 50)),
+                                  sharing="mps", share_count=100, nodelist=("nodea",)),
     "pack-shard": PackRequest(replace(_common(), also=(43,)), LAUNCHER, SLURMHET, "t4",
                               (PackMember(42, "a", ("x",)), PackMember(43, "b", ("y",))), sharing="shard",
                               share_count=2),

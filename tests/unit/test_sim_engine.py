@@ -8,7 +8,8 @@ from slurmhet.cluster import Inventory, Node, parse_cluster_spec
 from slurmhet.planner.time_registry import TIME_POLICIES
 from slurmhet.sim import SimConfig, default_throughputs, generate_trace, run_policies, simulate
 from slurmhet.sim.contention import ContentionModel, contenders
-from slurmhet.sim.engine import check_capacity
+from slurmhet.planner.time_base import Decision, TimePolicy
+from slurmhet.sim.engine import SimulationError, check_capacity
 from slurmhet.sim.rates import RateModel
 from slurmhet.sim.traces import TraceJob, resolve_steps
 
@@ -89,6 +90,39 @@ def test_ring_allreduce_under_contention() -> None:
 def test_capacity_check_rejects_overcommit() -> None:
     with pytest.raises(RuntimeError):
         check_capacity({1: ((("a", "v100", 1),),), 2: ((("a", "v100", 1),),)}, {("a", "v100"): 1})
+    # A co-located group's GPU counts once.
+    check_capacity({1: ((("a", "v100", 1),),), 2: ((("a", "v100", 1),),)}, {("a", "v100"): 1}, ((1, 2),))
+
+
+class PairRates(TinyRates):
+    """TinyRates plus a measured pair: ``x`` and ``y`` at 0.8 steps/s each when sharing a V100."""
+
+    def colocated(self, job_type: str, partner: str, gpu_type: str) -> tuple[float, float] | None:
+        return (0.8, 0.8) if {job_type, partner} == {"x", "y"} and gpu_type == "v100" else None
+
+
+class ShareOne(TimePolicy):
+    """Puts every active job on node a's V100 as one co-located group."""
+
+    key = "share"
+
+    def decide(self, view):
+        gang = (("a", "v100", 1),)
+        group = tuple(j.job_id for j in view.jobs)
+        return Decision({j: (gang,) for j in group}, [group] if len(group) > 1 else [])
+
+
+def test_colocated_jobs_share_a_gpu_at_the_measured_pair_rates() -> None:
+    rates = RateModel(PairRates({"x": {"v100": 1.0}, "y": {"v100": 1.0}, "z": {"v100": 1.0}}),
+                      ContentionModel(1.0, xi2=0.0), {"x": 0.0, "y": 0.0, "z": 0.0})
+    jobs = [TraceJob(0, "x", 1, 0.0, 100.0), TraceJob(1, "y", 1, 0.0, 40.0)]
+    report = run_policies(jobs, one_gpu(), rates, {"share": ShareOne()}, SimConfig())
+    # Both at 0.8/s: job 1 ends at 50 with job 0 at 40 steps; job 0 then runs alone at 1/s (no restart): 110.
+    assert finishes(report.runs["share"]) == {1: 50.0, 0: 110.0}
+    assert report.metrics["share"].utilization == pytest.approx(1.0)  # the shared GPU counts once
+    unmeasured = [TraceJob(0, "x", 1, 0.0, 100.0), TraceJob(1, "z", 1, 0.0, 40.0)]
+    with pytest.raises(SimulationError, match="cannot co-locate"):
+        run_policies(unmeasured, one_gpu(), rates, {"share": ShareOne()}, SimConfig())
 
 
 @pytest.mark.parametrize("policy", sorted(TIME_POLICIES))
@@ -100,7 +134,7 @@ def test_invariants_and_work_conservation(policy: str) -> None:
     seen = []
 
     def observer(now, placements, capacity):
-        check_capacity(placements, capacity)
+        check_capacity(placements, capacity, placements.shared)
         seen.append(now)
 
     report = run_policies(jobs, inventory, rates, {policy: TIME_POLICIES[policy](seed=1, round_s=120.0)},

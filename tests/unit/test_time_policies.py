@@ -38,8 +38,8 @@ def finishes(run_) -> dict[int, float]:
     return {r.job_id: round(r.finish, 6) for r in run_.records}
 
 EXPECTED = {
-    # Makespan bound (100 + 50) / 2 GPUs = 75 s: both jobs are critical (>= 37.5 s), so the
-    # longest, job 0, takes the V100 (ends 100) and job 1 the K80 (ends 100).
+    # The shipped planner: makespan bound (100 + 50) / 2 GPUs = 75 s, both jobs are critical
+    # (>= 37.5 s); its exchange moves give the V100 to job 0 (ends 100) and the K80 to job 1 (ends 100).
     "slurmhet": {0: 100.0, 1: 100.0},
     # H orders job 1 first; job 0 keeps its whole gang on the K80: 200 / 1.
     "hare": {1: 50.0, 0: 200.0},
@@ -96,6 +96,41 @@ def test_slurmhet_runs_the_critical_job_first_then_smith_order() -> None:
     # Bound (100 + 10 + 10) / 2 = 60: only job 0 is critical and takes the V100 (ends 100);
     # jobs 1 and 2 share the K80 in Smith order: 20, then 40.
     assert finishes(run("slurmhet", jobs, inventory, rates, restart_s=10.0)) == {1: 20.0, 2: 40.0, 0: 100.0}
+
+
+def test_slurmhet_runs_the_shipped_planner_on_the_engine_rates() -> None:
+    from slurmhet.planner.registry import POLICIES
+    from slurmhet.planner.time_base import ClusterView, JobState
+    from slurmhet.sim.engine import capacity_of
+
+    inventory = Inventory((Node("a", {"v100": 2, "k80": 2}), Node("b", {"k80": 2})))
+    rates = RateModel(TinyRates({"x": {"v100": 2.0, "k80": 1.0}}), ContentionModel(1.0, xi2=0.0), {"x": 0.2})
+    jobs = [JobState(0, "x", 2, 1.0, 0.0, 400.0, 400.0), JobState(1, "x", 1, 2.0, 0.0, 100.0, 100.0),
+            JobState(2, "x", 4, 1.0, 0.0, 900.0, 900.0)]
+    view = ClusterView(0.0, capacity_of(inventory), jobs, rates, ("a", "b"), 1.0)
+    policy = TIME_POLICIES["slurmhet"]()
+    inp = policy.planning_input(view)
+    # Per-GPU samples/s = the engine's rate / scale, per (job type, scale); work in worker-steps.
+    assert inp.throughput.rate("x @2", "v100") == pytest.approx(rates.type_rate("x", 2, "v100") / 2)
+    assert [j.min_gpus for j in inp.jobs] == [j.max_gpus for j in inp.jobs] == [2, 1, 4]
+    assert inp.jobs[0].model_size_mb == pytest.approx(200.0) and not inp.pin_running
+    plan = POLICIES["slurmhet"](inp)
+    decision = policy.decide(view)
+    assert {int(p.job_id): ((tuple(p.allocation.slots),)) for p in plan.jobs if p.allocation} == dict(decision)
+
+
+def test_slurmhet_colocates_a_waiting_job_on_a_measured_pair() -> None:
+    class PairRates(TinyRates):
+        def colocated(self, job_type, partner, gpu_type):
+            return (0.8, 0.8) if gpu_type == "v100" else None
+
+    inventory = Inventory((Node("a", {"v100": 1}),))
+    rates = RateModel(PairRates({"x": {"v100": 1.0}, "y": {"v100": 1.0}}), ContentionModel(1.0, xi2=0.0),
+                      {"x": 0.0, "y": 0.0})
+    jobs = [TraceJob(0, "x", 1, 0.0, 100.0), TraceJob(1, "y", 1, 0.0, 50.0)]
+    # Job 0 is critical (100 >= 75) and takes the GPU; job 1 joins it (delta 1.6): both at 0.8/s,
+    # job 1 ends at 62.5, job 0 (50 steps left) then alone at 1/s: 112.5 instead of 150 in sequence.
+    assert finishes(run("slurmhet", jobs, inventory, rates, restart_s=10.0)) == {1: 62.5, 0: 112.5}
 
 
 def test_hadare_forks_onto_idle_nodes() -> None:

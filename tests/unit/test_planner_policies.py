@@ -1,0 +1,150 @@
+"""Policies: invariants on hand-made instances, optimality where brute force can check it, seed 001's example."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from slurmhet.cluster import Inventory, Node
+from slurmhet.planner import POLICIES, Plan, PlanJob, PlanningInput
+from slurmhet.planner.has import categories, category_count, market, unrank_category
+from slurmhet.planner.pipeline import build_problem
+from slurmhet.throughput import ThroughputTable
+
+FAST = ("slurmhet", "has", "jps-20", "jps-40", "jps-60", "optimus", "optimus-lb", "exhaustive")
+MODELS = {"A (batch size 8)": {"v100": 900.0, "p100": 600.0, "t4": 300.0},
+          "B (batch size 8)": {"v100": 1700.0, "p100": 1000.0, "t4": 850.0},
+          "C (batch size 8)": {"v100": 200.0, "p100": 180.0, "t4": 60.0}}
+TABLE = ThroughputTable.from_rates(MODELS)
+
+
+def random_instance(seed: int, gpus_per_node: int = 2) -> PlanningInput:
+    rng = random.Random(seed)
+    nodes = tuple(Node(f"n{i}", {t: gpus_per_node}) for i, t in enumerate(rng.sample(["v100", "p100", "t4"], 3)))
+    jobs = []
+    for i in range(rng.randint(2, 3)):
+        types = tuple(rng.sample(["v100", "p100", "t4"], rng.randint(2, 3)))
+        jobs.append(PlanJob(f"j{i}", rng.choice(list(MODELS)), rng.uniform(1e5, 1e6), 32,
+                            model_size_mb=rng.choice([0.0, 200.0, 800.0]), samples_per_sync=rng.choice([1e4, 1e5]),
+                            min_gpus=1, max_gpus=rng.randint(1, 4), allowed_types=types))
+    return PlanningInput(tuple(jobs), Inventory(nodes, 10.0, 1.0), TABLE)
+
+
+def check_invariants(plan: Plan, inp: PlanningInput) -> None:
+    used: dict[tuple[str, str], int] = {}
+    jobs = {j.id: j for j in inp.jobs}
+    for jp in plan.jobs:
+        if jp.allocation is None:
+            assert jp.wait_reason
+            continue
+        job = jobs[jp.job_id]
+        assert job.min_gpus <= jp.allocation.gpus <= job.max_gpus
+        for node, gpu_type, count in jp.allocation.slots:
+            assert not job.allowed_types or gpu_type in job.allowed_types
+            used[(node, gpu_type)] = used.get((node, gpu_type), 0) + count
+        assert sum(jp.shard_weights) == pytest.approx(1.0)
+        if plan.policy != "optimus":
+            rates = [inp.throughput.rate(job.workload, t) for _, t in jp.allocation.ranks()]
+            assert np.allclose(np.array(jp.shard_weights) / jp.shard_weights[0], np.array(rates) / rates[0])
+    for (node, gpu_type), count in used.items():
+        assert count <= inp.inventory.node(node).gpus[gpu_type]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_policy_respects_capacity_limits_and_types(seed: int) -> None:
+    inp = random_instance(seed)
+    for key in FAST:
+        try:
+            plan = POLICIES[key](inp)
+        except Exception as exc:  # HAS/JPS use every GPU (8c) and may find no category within max_gpus
+            assert key in ("has", "jps-20", "jps-40", "jps-60") and "category" in str(exc)
+            continue
+        check_invariants(plan, inp)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_slurmhet_and_exhaustive_are_optimal_on_brute_forceable_instances(seed: int) -> None:
+    inp = random_instance(seed, gpus_per_node=2)
+    truth = POLICIES["brute-force"](inp).avg_jct
+    assert POLICIES["exhaustive"](inp).avg_jct == pytest.approx(truth, rel=1e-9)
+    assert POLICIES["slurmhet"](inp).avg_jct == pytest.approx(truth, rel=1e-9)
+
+
+def seed001_example() -> PlanningInput:
+    """Section IV-A: 2 T4 + 2 V100, ResNet-18 and VGG-19 with eq. (9) throughputs, no communication."""
+    table = ThroughputTable.from_rates({"ResNet-18 (batch size 64)": {"t4": 275.0, "v100": 644.0},
+                                        "VGG-19 (batch size 64)": {"t4": 884.0, "v100": 1754.0}})
+    jobs = (PlanJob("resnet18", "ResNet-18 (batch size 64)", 100_000 * 200, 64, 0.0, 100_000, 100_000),
+            PlanJob("vgg19", "VGG-19 (batch size 64)", 50_000 * 200, 64, 0.0, 50_000, 50_000))
+    return PlanningInput(jobs, Inventory((Node("t", {"t4": 2}), Node("v", {"v100": 2}))), table)
+
+
+def test_algorithm1_enumerates_categories_in_the_papers_order() -> None:
+    assert list(categories(3, 5)) == [(3, 1, 1), (2, 2, 1), (1, 3, 1), (2, 1, 2), (1, 2, 2), (1, 1, 3)]
+    assert [unrank_category(r, 4, 15) for r in range(category_count(4, 15))] == list(categories(4, 15))
+    assert category_count(4, 15) == 364 and category_count(4, 30) == 3654
+
+
+def test_has_reproduces_table2() -> None:
+    """Table II: each category's market result and average JCT; HAS picks {3,1} at 11,225.8 s, 6.0% off the optimum."""
+    problem = build_problem(seed001_example())  # jobs in WSPT order: VGG-19 first
+    rho = np.array([[884.0, 884.0, 1754.0, 1754.0], [275.0, 275.0, 644.0, 644.0]])  # rows VGG-19, ResNet-18
+    expected = {(3, 1): (1194.0, 1754.0, 11225.8), (2, 2): (550.0, 3508.0, 19607.1), (1, 3): (275.0, 4392.0, 37502.1)}
+    for (k_resnet, k_vgg), (v_resnet, v_vgg, jct) in expected.items():
+        owner = market(rho, (k_vgg, k_resnet))
+        got_vgg, got_resnet = rho[0][owner == 0].sum(), rho[1][owner == 1].sum()
+        assert (got_resnet, got_vgg) == (v_resnet, v_vgg)
+        avg = (2e7 / got_resnet + 1e7 / got_vgg) / 2
+        assert avg == pytest.approx(jct, abs=0.1)
+    assert problem.jobs[0].id == "vgg19"
+    plan = POLICIES["has"](seed001_example())
+    assert plan.avg_jct == pytest.approx(11225.8, abs=0.1)
+    assert plan.job("resnet18").allocation.by_type() == {"t4": 2, "v100": 1}
+
+
+def test_slurmhet_finds_the_examples_optimum() -> None:
+    plan = POLICIES["slurmhet"](seed001_example())
+    assert plan.avg_jct == pytest.approx(10592.0, abs=0.5)
+    assert plan.job("resnet18").allocation.by_type() == {"v100": 2}
+    assert plan.job("vgg19").allocation.by_type() == {"t4": 2}
+
+
+def test_jps_is_deterministic_for_a_fixed_seed() -> None:
+    inp = random_instance(3)
+    inp = PlanningInput(tuple(PlanJob(j.id, j.workload, j.samples_remaining, 32) for j in inp.jobs), inp.inventory,
+                        TABLE, seed=11)
+    first, second = POLICIES["jps-20"](inp), POLICIES["jps-20"](inp)
+    assert first == second
+
+
+def test_more_jobs_than_gpus_wait_in_wspt_order() -> None:
+    inv = Inventory((Node("n", {"v100": 2}),))
+    jobs = tuple(PlanJob(f"j{i}", "A (batch size 8)", size, 8, weight=w)
+                 for i, (size, w) in enumerate([(9e5, 1.0), (1e5, 1.0), (5e5, 1.0), (4e5, 4.0)]))
+    plan = POLICIES["slurmhet"](PlanningInput(jobs, inv, TABLE))
+    running = {jp.job_id for jp in plan.jobs if jp.allocation is not None}
+    assert running == {"j1", "j3"}  # shortest weighted run time first
+    waiting = sorted((jp for jp in plan.jobs if jp.allocation is None), key=lambda jp: jp.order)
+    assert [jp.job_id for jp in waiting] == ["j2", "j0"]
+    assert all(jp.wait_reason and jp.start_s > 0 for jp in waiting)
+    assert waiting[0].start_s <= waiting[1].start_s
+
+
+def test_comm_heavy_job_is_packed_on_one_node() -> None:
+    nodes = (Node("a", {"v100": 2, "t4": 2}), Node("b", {"v100": 2, "t4": 2}))
+    heavy = PlanJob("heavy", "B (batch size 8)", 1e6, 64, model_size_mb=1000.0, samples_per_sync=64, max_gpus=4)
+    plan = POLICIES["slurmhet"](PlanningInput((heavy,), Inventory(nodes, 50.0, 1.0), TABLE))
+    assert plan.job("heavy").allocation.single_node
+
+
+def test_running_jobs_stay_pinned() -> None:
+    from slurmhet.planner import Allocation
+
+    inv = Inventory((Node("n", {"v100": 2}), Node("m", {"t4": 2})))
+    running = PlanJob("r", "A (batch size 8)", 1e5, 8, current=Allocation.of({("n", "v100"): 2}), max_gpus=4)
+    new = PlanJob("p", "A (batch size 8)", 1e5, 8, max_gpus=4)
+    plan = POLICIES["slurmhet"](PlanningInput((running, new), inv, TABLE))
+    assert plan.job("r").allocation == running.current
+    assert plan.job("p").allocation.by_type() == {"t4": 2}
