@@ -17,7 +17,6 @@ only makes it weaker, never invalid.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 
 import highspy

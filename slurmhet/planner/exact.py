@@ -51,6 +51,11 @@ def job_options(problem: Problem, j: int) -> list[tuple[np.ndarray, int | None, 
 
 def exact_milp(problem: Problem, progress: Progress | None = None,
                time_limit_s: float | None = None) -> list[dict[tuple[int, int], int]]:
+    boxes = sum(int(np.prod([min(int(problem.type_capacity[t]), int(problem.hi[j])) + 1
+                             for t in np.flatnonzero(problem.allowed[j])])) for j in range(len(problem.jobs)))
+    if boxes > 4 * MAX_OPTIONS:  # cheap upper estimate first, so big instances fail fast
+        raise InputError(f"the exact MILP would enumerate about {boxes} count vectors", place="policy exhaustive",
+                         hint="use it on small instances; the bound covers large ones")
     options = []
     for j in range(len(problem.jobs)):
         options.append(job_options(problem, j))
@@ -60,7 +65,7 @@ def exact_milp(problem: Problem, progress: Progress | None = None,
         if progress:
             progress(j + 1, len(problem.jobs) + 1, "exhaustive: enumerating options")
     model = pulp.LpProblem("slurmhet_exact", pulp.LpMinimize)
-    z = [[pulp.LpVariable(f"z_{j}_{o}", cat="Binary") for o in range(len(opts))] for j, opts in enumerate(options)]
+    z = [[model.add_variable(f"z_{j}_{o}", cat="Binary") for o in range(len(opts))] for j, opts in enumerate(options)]
     model += pulp.lpSum(c * z[j][o] for j, opts in enumerate(options) for o, (_, _, c) in enumerate(opts))
     for j in range(len(options)):
         model += pulp.lpSum(z[j]) == 1

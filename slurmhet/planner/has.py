@@ -230,6 +230,8 @@ def has(problem: Problem, progress: Progress | None = None, cap_s: float = 60.0)
     order = list(range(jobs))
     best: tuple[float, list[Slots]] | None = None
     for done, sizes in enumerate(categories(jobs, len(gpus))):
+        if time.monotonic() > deadline[1]:  # also while skipping categories that break GPU limits
+            raise PlannerTimeout("has", cap_s)
         slots = category_slots(problem, sizes, order, gpus, deadline)
         if slots is not None:
             value = total_cost(problem, slots)

@@ -135,41 +135,38 @@ class _Search:
                             self.trade[j, t, a, u, b] = inf
 
     def best_move(self) -> tuple[float, tuple]:
-        jobs, types = self.x.shape
+        """The most improving single move, found with whole-array reductions (costs are separable)."""
+        jobs = len(self.x)
         best: tuple[float, tuple] = (0.0, ())
-        off = ~np.eye(jobs, dtype=bool)
-        for t in range(types):
-            for b, g in enumerate(BULK):
-                if g <= self.free[t]:
-                    j = int(np.argmin(self.plus[:, t, b]))
-                    if self.plus[j, t, b] < best[0]:
-                        best = (float(self.plus[j, t, b]), ("take", j, t, g))
-                j = int(np.argmin(self.minus[:, t, b]))
-                if self.minus[j, t, b] < best[0]:
-                    best = (float(self.minus[j, t, b]), ("release", j, t, g))
-                if jobs > 1:
-                    pair = np.where(off, self.minus[:, t, b][:, None] + self.plus[:, t, b][None, :], np.inf)
-                    i, j = np.unravel_index(int(np.argmin(pair)), pair.shape)
-                    if pair[i, j] < best[0]:
-                        best = (float(pair[i, j]), ("move", int(i), int(j), t, g))
-            for u in range(t + 1, types):
-                for a, g in enumerate(TRADE):
-                    for b, h in enumerate(TRADE):
-                        if jobs < 2:
-                            continue
-                        give, back = self.trade[:, t, a, u, b], self.trade[:, u, b, t, a]
-                        pair = np.where(off, give[:, None] + back[None, :], np.inf)
-                        i, j = np.unravel_index(int(np.argmin(pair)), pair.shape)
-                        if pair[i, j] < best[0]:
-                            best = (float(pair[i, j]), ("trade", int(i), int(j), t, g, u, h))
+        bulk = np.array(BULK)
+        take = np.where(bulk[None, None, :] <= self.free[None, :, None], self.plus, np.inf)
+        for kind, delta in (("take", take), ("release", self.minus)):
+            j, t, b = np.unravel_index(int(np.argmin(delta)), delta.shape)
+            if delta[j, t, b] < best[0]:
+                best = (float(delta[j, t, b]), (kind, int(j), int(t), BULK[b]))
+        if jobs < 2:
+            return best
+        diagonal = np.eye(jobs, dtype=bool)
+        pair = self.minus[:, None] + self.plus[None, :]  # i gives g of t to j
+        pair[diagonal] = np.inf
+        i, j, t, b = np.unravel_index(int(np.argmin(pair)), pair.shape)
+        if pair[i, j, t, b] < best[0]:
+            best = (float(pair[i, j, t, b]), ("move", int(i), int(j), int(t), BULK[b]))
+        back = np.transpose(self.trade, (0, 3, 4, 1, 2))  # j gives h of u, receives g of t
+        pair = self.trade[:, None] + back[None, :]
+        pair[diagonal] = np.inf
+        i, j, t, a, u, b = np.unravel_index(int(np.argmin(pair)), pair.shape)
+        if pair[i, j, t, a, u, b] < best[0]:
+            best = (float(pair[i, j, t, a, u, b]), ("trade", int(i), int(j), int(t), TRADE[a], int(u), TRADE[b]))
         return best
 
     def exchange(self, limit: int = 10_000) -> None:
         for j in range(len(self.x)):
             self.refresh(j)
+        tolerance = _TOL * max(self.objective(), 1.0)
         for _ in range(limit):
             delta, move = self.best_move()
-            if not move or delta > -_TOL * max(self.objective(), 1.0):
+            if not move or delta > -tolerance:
                 return
             kind, *args = move
             if kind == "take":

@@ -205,7 +205,7 @@ def _list_schedule(waiting: list[PlanJob], plans: dict[str, JobPlan], rates: dic
     one at a time while that shortens its run (the node placement is decided
     when it actually starts, at a later replan).
     """
-    events = sorted((p.finish_s, p.allocation.by_type()) for p in plans.values() if p.allocation)
+    events = sorted(((p.finish_s, p.allocation.by_type()) for p in plans.values() if p.allocation), key=lambda e: e[0])
     busy = np.zeros(len(types), dtype=int)
     for _, by_type in events:
         for t, c in by_type.items():

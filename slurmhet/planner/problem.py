@@ -38,10 +38,13 @@ class Problem:
         self._work = np.array([j.samples_remaining for j in self.jobs])
         self._comm = np.array([j.syncs_remaining * 2.0 * j.model_size_mb / 1000.0 for j in self.jobs])
         # plain-Python copies for the hot path (small vectors are slower in numpy)
+        self._lo, self._hi = self.lo.tolist(), self.hi.tolist()
+        self._weight_list, self._work_list, self._comm_list = self._weights.tolist(), self._work.tolist(), self._comm.tolist()
         self._rate_rows = [tuple(float(v) for v in row) for row in self.rates]
         self._allowed_rows = [tuple(bool(v) for v in row) for row in self.allowed]
         rows = {tuple(int(v) for v in row) for row in self.capacity}
         self._node_rows = [r for r in rows if not any(o != r and all(a >= b for a, b in zip(o, r)) for o in rows)]
+        self._fits: dict[tuple[int, ...], bool] = {}
 
     @property
     def size(self) -> tuple[int, int]:
@@ -49,23 +52,28 @@ class Problem:
 
     def fits_one_node(self, x: np.ndarray | tuple[int, ...]) -> bool:
         """Could some node hold all of ``x`` (ignoring other jobs)?"""
-        return any(all(c >= v for c, v in zip(row, x)) for row in self._node_rows)
+        key = x if isinstance(x, tuple) else tuple(int(v) for v in x)
+        found = self._fits.get(key)
+        if found is None:
+            found = self._fits[key] = any(all(c >= v for c, v in zip(row, key)) for row in self._node_rows)
+        return found
 
     def run_time(self, j: int, rate_sum: float, workers: int, single: bool) -> float:
         """Eq. (7) for job ``j``; ``single`` picks the intra-node link."""
         if workers <= 0 or rate_sum <= 0:
             return float("inf")
         comm = 0.0
-        if workers > 1 and self._comm[j] > 0:
+        if workers > 1 and self._comm_list[j] > 0:
             link = self.intra_gbps if single else self.inter_gbps
-            comm = self._comm[j] * (workers - 1) / (workers * link)
-        return float(self._work[j] / rate_sum + comm)
+            comm = self._comm_list[j] * (workers - 1) / (workers * link)
+        return self._work_list[j] / rate_sum + comm
 
     def cost(self, j: int, x: np.ndarray | tuple[int, ...], single: bool) -> float:
         """Weighted run time of job ``j`` on count vector ``x``; inf when outside its limits."""
-        x = tuple(int(v) for v in x)
+        if not isinstance(x, tuple):
+            x = tuple(int(v) for v in x)
         k = sum(x)
-        if k < self.lo[j] or k > self.hi[j] or min(x) < 0:
+        if k < self._lo[j] or k > self._hi[j] or min(x) < 0:
             return float("inf")
         rate = 0.0
         for v, r, ok in zip(x, self._rate_rows[j], self._allowed_rows[j]):
@@ -73,7 +81,7 @@ class Problem:
                 if not ok:
                     return float("inf")
                 rate += v * r
-        return float(self._weights[j]) * self.run_time(j, rate, k, single)
+        return self._weight_list[j] * self.run_time(j, rate, k, single)
 
     def alloc_cost(self, j: int, slots: dict[tuple[int, int], int]) -> float:
         """Weighted run time of an actual node placement (``(node, type) -> count``)."""
