@@ -499,7 +499,8 @@ def plan(obj: Context, files: tuple[str, ...], policy: str | None, as_json: bool
     """Plan the jobs in FILES on the live cluster and print the plan; submits nothing."""
     import time
 
-    from slurmhet.submission import Candidate, describe, plan_for, throughput_table
+    from slurmhet.planner.render import HEADER, plan_dict, plan_rows
+    from slurmhet.submission import Candidate, plan_for, throughput_table
 
     specs = _load_specs(files)
     inventory = obj.inventory()
@@ -515,26 +516,29 @@ def plan(obj: Context, files: tuple[str, ...], policy: str | None, as_json: bool
 
         result = plan_for(candidates, inventory, throughput_table(obj.settings), policy or obj.settings.default_policy,
                           now, progress=progress)
-    rows = []
-    for c in candidates:
-        jp = result.job(str(c.job_id))
-        rows.append({
-            "name": c.spec.name, "allocation": describe(jp.allocation),
-            "gpus_by_type": jp.allocation.by_type() if jp.allocation else {},
-            "nodes": list(jp.allocation.nodes) if jp.allocation else [],
-            "shard_weights": [round(w, 6) for w in jp.shard_weights], "predicted_jct_s": round(jp.jct_s, 3),
-            "epoch_s": round(jp.epoch_seconds, 3), "order": jp.order, "colocation_group": jp.colocation_group,
-            "needs_mps": jp.needs_mps, "wait_reason": jp.wait_reason, "priors": list(jp.priors),
-        })
+    names = {str(c.job_id): c.spec.name for c in candidates}
     if as_json:
-        _emit_json({"policy": result.policy, "avg_jct_s": result.avg_jct, "jobs": rows})
+        data = plan_dict(result)
+        for job in data["jobs"]:
+            job["job"] = names[job["job"]]
+        _emit_json(data)
         return
     table = Table(title=f"slurmhet plan ({result.policy}): avg JCT {result.avg_jct:.0f} s")
-    for column in ("#", "job", "GPUs", "shard weights", "pred JCT s", "co-location", "note"):
+    for column in HEADER:
         table.add_column(column)
-    for row in sorted(rows, key=lambda r: r["order"]):
-        note = row["wait_reason"] or (("prior throughput: " + ",".join(row["priors"])) if row["priors"] else "")
-        table.add_row(str(row["order"]), row["name"], row["allocation"],
-                      " ".join(f"{w:.3f}" for w in row["shard_weights"]), f"{row['predicted_jct_s']:.0f}",
-                      (row["colocation_group"] or "") + (" (MPS)" if row["needs_mps"] else ""), note)
+    for row in plan_rows(result):
+        table.add_row(names[row[0]], *row[1:])
     console.print(table)
+
+
+@bench.command("realcluster")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object (the default output is JSON too)")
+@click.option("--scale", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,
+              help="multiply every job's steps (0.3: about 3 minutes per arm)")
+@click.option("--replan-every", "replan_every_s", type=click.FloatRange(min=1), default=5.0, show_default=True,
+              help="seconds between `slurmhet replan --once` in the slurmhet arm")
+def bench_realcluster(as_json: bool, scale: float, replan_every_s: float) -> None:
+    """examples/jobs.yaml on the live dev cluster: slurmhet vs naive first-type FIFO, measured and simulated."""
+    from bench import realcluster
+
+    _emit_json(realcluster.run(scale, replan_every_s))
