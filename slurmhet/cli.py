@@ -61,16 +61,19 @@ class Context:
         return Inventory(tuple(self.client.nodes()))
 
     def is_admin(self) -> bool:
+        """Root, or a member of the configured admin group, may see and cancel every user's jobs."""
         if os.getuid() == 0:
             return True
         group = self.settings.admin_group
         if not group:
             return False
         try:
-            return group in {g.gr_name for g in grp.getgrall() if os.getlogin() in g.gr_mem} or \
-                grp.getgrgid(os.getgid()).gr_name == group
-        except (KeyError, OSError):
+            entry = grp.getgrnam(group)
+        except KeyError:
             return False
+        from slurmhet.submission import current_user
+
+        return entry.gr_gid in os.getgroups() or current_user() in entry.gr_mem
 
 
 class SlurmhetGroup(click.Group):
