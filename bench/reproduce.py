@@ -43,6 +43,13 @@ class DerivedThroughputs:
         source, factor = DERIVED_TYPES.get(gpu_type, (gpu_type, 1.0))
         return self.base.throughput(job_type, source, scale, consolidated) * factor
 
+    def colocated(self, job_type: str, partner: str, gpu_type: str) -> tuple[float, float] | None:
+        """Measured pairs of the source type, scaled by the same factor."""
+        source, factor = DERIVED_TYPES.get(gpu_type, (gpu_type, 1.0))
+        measured = getattr(self.base, "colocated", None)
+        pair = measured(job_type, partner, source) if measured else None
+        return (pair[0] * factor, pair[1] * factor) if pair else None
+
     def job_types(self) -> set[str]:
         return self.base.job_types()
 

@@ -1,114 +1,146 @@
-"""slurmhet's default policy over time (key ``slurmhet``).
+"""slurmhet's policy over time (key ``slurmhet``): the shipped planner, called at every decision.
 
-Decides at every arrival and completion (no idle round tails):
-1. order: jobs on the critical path (remaining time >= half the makespan lower bound,
-   total remaining GPU-time / GPUs) first, longest first, so that no long job sets
-   the makespan by starting last; then weighted shortest remaining time first (Smith's
-   rule on the job's fastest type, seed 000's weighted-JCT objective); running jobs get
-   a hysteresis bonus so that a small gain never pays a checkpoint-restart;
-2. size and placement: among keeping the current GPUs, a whole gang of each GPU type,
-   and a multi-type gang with throughput-proportional sharding (seed 001), pick the
-   earliest predicted finish, counting the restart and the ring-all-reduce contention
-   with gangs already spread over the same servers (seed 004);
-3. when no whole gang fits, relaxed scale-fixed synchronisation (seed 000): the job keeps
-   its global batch and runs its tasks on the idle GPUs it can get, if that beats waiting.
+What the simulator measures must be what ``slurmhet submit`` ships, so this policy
+plans nothing itself: at every arrival and completion it turns the simulator's state
+into a :class:`~slurmhet.planner.model.PlanningInput`, calls
+``POLICIES["slurmhet"]`` (pipeline + ``hetero.allocate``) and turns the Plan back
+into placements.
+
+State -> PlanningInput
+- Units: one *sample* is one worker-step (one task's per-GPU batch), so a job of
+  scale ``k`` has ``global_batch = k`` samples per iteration (one all-reduce each)
+  and ``samples_remaining`` = its remaining worker-steps.
+- Throughputs: the table's cell for a job is ``type_rate(job_type, k, t) / k``
+  = ``1 / tau_t``, the engine's own rate function at the job's scale, keyed per
+  (job type, scale) as ``"<job type> @k"``. So Gavel's measured multi-GPU cells
+  (and the engine's fallbacks, derived types, synthetic rates) enter the plan exactly
+  as the engine uses them, and the planner's compute time (eq. 11,
+  ``samples / sum of per-GPU rates``) equals the engine's proportional-sharding
+  iteration time ``k / sum 1/tau`` times the iterations left.
+- Communication: ``model_size_mb`` is the engine's gradient size, the inter-node link
+  the cluster's; the intra-node link is infinite because the measured throughputs
+  already include intra-node communication and the engine charges none. The planner
+  does not model link contention between spread gangs nor the per-server latency
+  (seed 004's f(alpha, k) and xi2); the engine charges both.
+- GPUs: ``min_gpus = max_gpus`` = the trace's scale; allowed types are those where the
+  engine's rate is positive (e.g. no out-of-memory types); weight and arrival as traced.
+- Ordering (the one piece kept from the former re-implementation): the pipeline admits
+  jobs in priority, then weighted-shortest-predicted-time order. Jobs on the critical
+  path (remaining time on their fastest type >= half the makespan lower bound, total
+  remaining GPU-time / GPUs) get priorities, longest highest, so that no long job sets
+  the makespan by starting last; the others keep the planner's own WSPT order.
+- Running jobs: ``current`` is their allocation and ``pin_running = not migrate``; see
+  ``migrate`` for the choice and bench/README.md (Reproductions) for the numbers.
+- Co-location: single-GPU jobs allow it. The simulator knows no per-job memory, but
+  Gavel's pair measurements already encode whether a pair fits (an out-of-memory pair
+  is measured as 0 and never offered), so every job declares ``NOMINAL_MEMORY_GB`` to
+  pass the planner's memory check, and groups are pairs (``max_group = 2``) because
+  only pairs are measured. The table carries the measured pairs as the engine prices
+  them (``RateModel.colocated_rates``), so ``colocation.speedup`` predicts the rates
+  the engine will apply.
+
+Plan -> placements: a JobPlan with an allocation runs on exactly its Allocation slots
+(node, type, count) as one gang; jobs without one wait (are paused). Jobs with the same
+``colocation_group`` are returned as a shared group of the ``Decision``.
 """
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 
-from slurmhet.planner.time_base import ClusterView, Free, Gang, JobState, Placement, Slot, TimePolicy, make_gang
+from slurmhet.cluster import Inventory, Node
+from slurmhet.planner.model import Allocation, ColocationSettings, PlanJob, PlanningInput
+from slurmhet.planner.registry import POLICIES
+from slurmhet.planner.time_base import ClusterView, Decision, JobState, TimePolicy, make_gang
+from slurmhet.throughput import ThroughputEntry, ThroughputTable, canonical_key
+
+#: Memory every single-GPU job declares for the planner's co-location check (see the module doc).
+NOMINAL_MEMORY_GB = 1.0
+
+
+def workload_of(job: JobState) -> str:
+    """The table key of a job: its type at its scale (per-GPU rates differ between scales)."""
+    return canonical_key(f"{job.job_type} @{job.gpus}")
 
 
 class SlurmhetOverTime(TimePolicy):
     key = "slurmhet"
     sharding = "proportional"
-    restart_s = 10.0
-    #: A running job's priority is multiplied by this (lower key = earlier) to avoid thrashing.
-    hysteresis = 0.5
-
+    #: False: running jobs are pinned (``pin_running=True``), as ``slurmhet submit`` plans a live cluster.
+    #: True: every decision re-plans every job, so the plan may preempt or move running jobs (each move
+    #: pays the engine's checkpoint-restart).
+    migrate = True
     #: A job whose remaining time is at least this share of the makespan lower bound is critical.
     critical_share = 0.5
+    colocation = ColocationSettings(max_group=2)
 
-    def decide(self, view: ClusterView) -> dict[int, Placement]:
-        gpus = sum(view.capacity.values())
-        bound = sum(view.remaining_time(j) * j.gpus for j in view.jobs) / max(gpus, 1)
-
-        def key(job: JobState) -> tuple[bool, float, float, int]:
-            left = view.remaining_time(job)
-            if left >= self.critical_share * bound:  # on the critical path: longest first, or it sets the makespan
-                return (False, -left, job.arrival, job.job_id)
-            bonus = self.hysteresis if job.running else 1.0
-            return (True, left / job.weight * bonus, job.arrival, job.job_id)
-
-        free = view.free()
-        spread_on: dict[str, int] = defaultdict(int)
-        out: dict[int, Placement] = {}
-        for job in sorted(view.jobs, key=key):
-            choice = self._choose(view, job, free, spread_on)
-            if choice is None:
+    def decide(self, view: ClusterView) -> Decision:
+        if not view.jobs:
+            return Decision()
+        plan = POLICIES["slurmhet"](self.planning_input(view))
+        placements, groups = {}, defaultdict(list)
+        for job_plan in plan.jobs:
+            if job_plan.allocation is None:
                 continue
-            free.take(choice)
-            out[job.job_id] = choice
-            for gang in choice:
-                nodes = {n for n, _, _ in gang}
-                if len(nodes) > 1:
-                    for node in nodes:
-                        spread_on[node] += 1
-        return out
+            job_id = int(job_plan.job_id)
+            placements[job_id] = (make_gang({(n, t): c for n, t, c in job_plan.allocation.slots}),)
+            if job_plan.colocation_group:
+                groups[job_plan.colocation_group].append(job_id)
+        return Decision(placements, (tuple(sorted(g)) for g in groups.values()))
 
-    def _choose(self, view: ClusterView, job: JobState, free: Free, spread_on: dict[str, int]) -> Placement | None:
-        candidates: list[Gang] = []
-        if job.running and free.fits(job.placement):
-            candidates.append(job.placement[0])
-        for gpu_type in view.runnable_types(job):
-            gang = free.gang_of_type(gpu_type, job.gpus)
-            if gang is not None:
-                candidates.append(gang)
-        mixed = self._mixed_gang(view, job, free, job.gpus)
-        if mixed is not None:
-            candidates.append(mixed)
-        if not candidates:
-            relaxed = self._mixed_gang(view, job, free, min(job.gpus, free.total()))
-            if relaxed is None:
-                return None
-            rate = view.rates.gang_rate(job.job_type, job.gpus, relaxed, self.sharding)
-            # Run on fewer GPUs only if it finishes before a full gang of the best type could (ideal) run it.
-            if rate <= 0 or job.remaining / rate > 2 * view.remaining_time(job):
-                return None
-            return (relaxed,)
-        best, best_finish = None, float("inf")
-        for gang in candidates:
-            servers = {n for n, _, _ in gang}
-            contenders = 1 + max((spread_on[s] for s in servers), default=0) if len(servers) > 1 else 1
-            rate = view.rates.gang_rate(job.job_type, job.gpus, gang, self.sharding, contenders)
-            delay = 0.0 if (gang,) == job.placement or not (job.running or job.remaining < job.total_steps) \
-                else self.restart_s
-            finish = delay + job.remaining / rate if rate > 0 else float("inf")
-            if finish < best_finish:
-                best, best_finish = gang, finish
-        return (best,) if best is not None else None
+    def planning_input(self, view: ClusterView) -> PlanningInput:
+        types = view.gpu_types()
+        nodes = defaultdict(dict)
+        for (node, gpu_type), count in view.capacity.items():
+            nodes[node][gpu_type] = count
+        inventory = Inventory(tuple(Node(n, nodes[n]) for n in view.node_order if n in nodes),
+                              intra_node_gbps=math.inf, inter_node_gbps=view.inter_node_gbps)
+        guests = {j for group in view.shared for j in group[1:]}  # pinned once: the GPU counts once
+        priority = self._critical_priorities(view)
+        jobs = []
+        for job in view.jobs:
+            allowed = tuple(t for t in types if view.rates.type_rate(job.job_type, job.gpus, t) > 0)
+            current = None
+            if job.running and job.job_id not in guests:
+                current = Allocation(tuple(slot for gang in job.placement for slot in gang))
+            jobs.append(PlanJob(
+                id=str(job.job_id), workload=workload_of(job), samples_remaining=max(job.remaining, 1e-9),
+                global_batch=job.gpus, model_size_mb=1000.0 * view.rates.model_gb(job.job_type),
+                min_gpus=job.gpus, max_gpus=job.gpus, allowed_types=allowed, weight=job.weight,
+                priority=priority.get(job.job_id, 0), colocate=job.gpus == 1,
+                gpu_memory_gb=NOMINAL_MEMORY_GB if job.gpus == 1 else None, submitted_at=job.arrival,
+                current=current))
+        return PlanningInput(tuple(jobs), inventory, self.throughput_table(view), view.now,
+                             pin_running=not self.migrate, colocation=self.colocation, seed=self.seed)
+
+    def _critical_priorities(self, view: ClusterView) -> dict[int, int]:
+        """Critical-path jobs, longest first, get priorities n..1; the others keep 0 (WSPT)."""
+        gpus = sum(view.capacity.values())
+        left = {j.job_id: view.remaining_time(j) for j in view.jobs}
+        bound = sum(left[j.job_id] * j.gpus for j in view.jobs) / max(gpus, 1)
+        critical = sorted((j for j in view.jobs if left[j.job_id] >= self.critical_share * bound),
+                          key=lambda j: (left[j.job_id], -j.arrival, -j.job_id))
+        return {job.job_id: rank + 1 for rank, job in enumerate(critical)}
 
     @staticmethod
-    def _mixed_gang(view: ClusterView, job: JobState, free: Free, k: int) -> Gang | None:
-        """``k`` of the job's fastest idle GPUs, on one node if one has them, else fewest nodes."""
-        if k <= 0:
-            return None
-        speed = {t: view.rates.type_rate(job.job_type, job.gpus, t) for t in view.gpu_types()}
-        slots = [(s, c) for s, c in free.counts.items() if c > 0 and speed.get(s[1], 0) > 0]
-        per_node: dict[str, int] = defaultdict(int)
-        for (node, _), c in slots:
-            per_node[node] += c
-        single = [n for n, c in per_node.items() if c >= k]
-        if single:
-            node = max(single, key=lambda n: (sum(speed[t] * c for (m, t), c in slots if m == n) / per_node[n], n))
-            slots = [s for s in slots if s[0][0] == node]
-        elif sum(per_node.values()) < k:
-            return None
-        take: dict[Slot, int] = {}
-        for (slot, count) in sorted(slots, key=lambda s: (-speed[s[0][1]], -per_node[s[0][0]], s[0])):
-            use = min(count, k - sum(take.values()))
-            if use > 0:
-                take[slot] = use
-        return make_gang(take)
+    def throughput_table(view: ClusterView) -> ThroughputTable:
+        """Per-GPU samples/s from the engine's rate function, plus the measured pairs it prices co-location by."""
+        entries: dict[tuple[str, str], ThroughputEntry] = {}
+        singles: dict[str, str] = {}
+        for job in view.jobs:
+            key = workload_of(job)
+            if job.gpus == 1:
+                singles[key] = job.job_type
+            for gpu_type in view.gpu_types():
+                rate = view.rates.type_rate(job.job_type, job.gpus, gpu_type) / job.gpus
+                if rate > 0:
+                    entries[(key, gpu_type)] = ThroughputEntry(rate, "measured", "simulator rate model")
+        pairs = {}
+        for a, type_a in singles.items():
+            for b, type_b in singles.items():
+                for gpu_type in view.gpu_types():
+                    both = view.rates.colocated_rates((type_a, type_b), gpu_type)
+                    if both is not None:
+                        pairs[(a, b, gpu_type)] = both
+        return ThroughputTable(entries, pairs)

@@ -5,6 +5,8 @@ with a ``ClusterView`` and returns the placement of every job it wants running.
 A ``Placement`` is a tuple of gangs (one per forked copy; normally one), each a
 sorted tuple of ``(node, gpu_type, count)``. Jobs left out of the answer are
 paused (preempted). The engine owns the ``JobState`` objects: policies read them.
+A policy that co-locates single-GPU jobs on one GPU (seed 002) returns a
+``Decision``: the placements plus the groups of jobs that share a GPU.
 """
 
 from __future__ import annotations
@@ -32,6 +34,19 @@ def gang_types(gang: Gang) -> dict[str, int]:
     for _, t, c in gang:
         out[t] += c
     return dict(out)
+
+
+class Decision(dict):
+    """Placements by job id, plus ``shared``: groups of job ids placed on the same single GPU.
+
+    A plain ``dict[int, Placement]`` is a Decision without co-location. Every member
+    of a group has the same one-GPU placement; that GPU counts once against capacity.
+    """
+
+    def __init__(self, placements: Mapping[int, Placement] | None = None,
+                 shared: Iterable[tuple[int, ...]] = ()) -> None:
+        super().__init__(placements or {})
+        self.shared: tuple[tuple[int, ...], ...] = tuple(tuple(g) for g in shared)
 
 
 @dataclass
@@ -62,6 +77,10 @@ class RateEstimator(Protocol):
     def rate(self, job_type: str, gpus: int, placement: Placement, sharding: str = ...) -> float: ...
 
     def type_rate(self, job_type: str, gpus: int, gpu_type: str) -> float: ...
+
+    def model_gb(self, job_type: str) -> float: ...
+
+    def colocated_rates(self, job_types: tuple[str, ...], gpu_type: str) -> tuple[float, ...] | None: ...
 
 
 class Free:
@@ -153,6 +172,8 @@ class ClusterView:
     rates: RateEstimator
     node_order: tuple[str, ...]
     inter_node_gbps: float = 1.25
+    #: Groups of running jobs that share one GPU since the last decision (see ``Decision``).
+    shared: tuple[tuple[int, ...], ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
 
     def free(self, keep: Iterable[Placement] = ()) -> Free:

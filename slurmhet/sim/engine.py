@@ -5,7 +5,10 @@ job progresses at a constant rate, so the engine jumps from event to event and
 never steps through time. A changed allocation costs a checkpoint-restart
 (``restart_s``) during which the job holds its GPUs but makes no progress; a job
 running as several forked copies pays ``consolidate_s`` each round (HadarE).
-Every decision is checked against the capacity of every (node, GPU type).
+Jobs a policy co-locates on one GPU (a ``Decision``'s ``shared`` groups, seed 002)
+run at the measured co-located rates of the group (``RateModel.colocated_rates``);
+a group the job model cannot price is refused. Every decision is checked against
+the capacity of every (node, GPU type), a shared GPU counting once.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from slurmhet.cluster import Inventory
-from slurmhet.planner.time_base import ClusterView, JobState, Placement, Slot, TimePolicy, gang_size
+from slurmhet.planner.time_base import ClusterView, Decision, JobState, Placement, Slot, TimePolicy, gang_size
 from slurmhet.sim.contention import contenders
 from slurmhet.sim.rates import RateModel
 from slurmhet.sim.traces import TraceJob
@@ -32,7 +35,7 @@ class SimConfig:
     round_s: float = 360.0
     restart_s: float = 10.0
     consolidate_s: float = 10.0
-    #: Called after every decision with (time, placements, capacity); tests hook invariants here.
+    #: Called after every decision with (time, placements as a ``Decision``, capacity); tests hook invariants here.
     observer: Callable[[float, Mapping[int, Placement], Mapping[Slot, int]], None] | None = None
 
 
@@ -65,9 +68,14 @@ def capacity_of(inventory: Inventory) -> dict[Slot, int]:
     return {(n.name, t): c for n in inventory.nodes for t, c in n.gpus.items() if c > 0}
 
 
-def check_capacity(placements: Mapping[int, Placement], capacity: Mapping[Slot, int]) -> None:
+def check_capacity(placements: Mapping[int, Placement], capacity: Mapping[Slot, int],
+                   shared: tuple[tuple[int, ...], ...] = ()) -> None:
+    """Raise unless every slot exists and holds at most its GPUs; a co-located group's GPU counts once."""
+    guests = {j for group in shared for j in group[1:]}
     used: dict[Slot, int] = {}
     for job_id, placement in placements.items():
+        if job_id in guests:
+            continue
         for gang in placement:
             for node, gpu_type, count in gang:
                 if count <= 0 or (node, gpu_type) not in capacity:
@@ -91,6 +99,8 @@ class Engine:
         self.active: dict[int, JobState] = {}
         self.restart_left: dict[int, float] = {}
         self.done_steps: dict[int, float] = {}
+        self.shared: tuple[tuple[int, ...], ...] = ()
+        self.shared_rate: dict[int, float] = {}
         self.run_out = PolicyRun(policy.key, sum(self.capacity.values()))
         self.now = self.pending[0].arrival if self.pending else 0.0
 
@@ -135,12 +145,14 @@ class Engine:
 
     def _decide(self) -> None:
         jobs = sorted(self.active.values(), key=lambda j: (j.arrival, j.job_id))
-        view = ClusterView(self.now, self.capacity, jobs, self.rates, self.node_order, self.inter_gbps)
+        view = ClusterView(self.now, self.capacity, jobs, self.rates, self.node_order, self.inter_gbps, self.shared)
         started = time.perf_counter()
-        decision = self.policy.decide(view)
+        answer = self.policy.decide(view)
         self.run_out.plan_seconds.append(time.perf_counter() - started)
-        decision = {j: p for j, p in decision.items() if p and j in self.active}
-        check_capacity(decision, self.capacity)
+        decision = {j: p for j, p in answer.items() if p and j in self.active}
+        self.shared = tuple(tuple(g) for g in getattr(answer, "shared", ()))
+        check_capacity(decision, self.capacity, self.shared)
+        self.shared_rate = self._price_groups(decision)
         for job_id, state in self.active.items():
             new = tuple(sorted(decision.get(job_id, ())))
             for gang in new:
@@ -158,13 +170,32 @@ class Engine:
             if new and state.first_start is None:
                 state.first_start = self.now
         if self.config.observer:
-            self.config.observer(self.now, {j: s.placement for j, s in self.active.items()}, self.capacity)
+            self.config.observer(self.now, Decision({j: s.placement for j, s in self.active.items()}, self.shared),
+                                 self.capacity)
+
+    def _price_groups(self, decision: Mapping[int, Placement]) -> dict[int, float]:
+        """Co-located worker-steps/s of every member of every shared group; refuses malformed groups."""
+        out: dict[int, float] = {}
+        for group in self.shared:
+            placement = decision.get(group[0], ())
+            slots = [slot for gang in placement for slot in gang]
+            ok = (len(group) > 1 and len(placement) == 1 and len(slots) == 1 and slots[0][2] == 1
+                  and all(decision.get(j) == placement and self.active[j].gpus == 1 for j in group))
+            types = tuple(self.active[j].job_type for j in group) if ok else ()
+            rates = self.rates.colocated_rates(types, slots[0][1]) if ok else None
+            if rates is None:
+                raise SimulationError(f"{self.policy.key}: cannot co-locate jobs {group} on {placement}")
+            out.update(zip(group, rates))
+        return out
 
     def _rates(self) -> dict[int, float]:
         placements = {j: s.placement for j, s in self.active.items() if s.running}
         contended = contenders(placements)
         out = {}
         for job_id, placement in placements.items():
+            if job_id in self.shared_rate:
+                out[job_id] = self.shared_rate[job_id]
+                continue
             state = self.active[job_id]
             out[job_id] = sum(
                 self.rates.gang_rate(state.job_type, state.gpus, gang, self.policy.sharding,
@@ -175,6 +206,7 @@ class Engine:
     def _advance(self, until: float, rates: Mapping[int, float]) -> bool:
         dt = until - self.now
         busy = sum(gang_size(g) for s in self.active.values() for g in s.placement)
+        busy -= sum(len(g) - 1 for g in self.shared)  # a shared GPU is one busy GPU
         if dt > 0 and busy:
             self.run_out.busy.append((self.now, until, busy))
         finished = []
@@ -196,6 +228,9 @@ class Engine:
         self.now = until
         for job_id in finished:
             self._finish(self.active.pop(job_id))
+        if finished and self.shared:  # a partner that is left alone runs at its own rate again
+            self.shared = tuple(g for g in (tuple(j for j in g if j in self.active) for g in self.shared) if len(g) > 1)
+            self.shared_rate = {j: r for j, r in self.shared_rate.items() if any(j in g for g in self.shared)}
         return bool(finished)
 
     def _finish(self, state: JobState) -> None:

@@ -10,6 +10,9 @@ GPUs of type ``g`` (one server), so one iteration (one task per worker) takes
   the iteration takes ``k / sum_g n_g / tau_g``.
 A gang spread over servers adds ring-all-reduce time under contention
 (``contention.py``). Forked copies (HadarE) progress at the sum of their rates.
+Two single-GPU jobs co-located on one GPU (seed 002) run at Gavel's measured
+pair throughputs (the ``[own, partner]`` cells beside ``null``); a source
+without a measurement for the pair cannot price it, and the engine refuses it.
 """
 
 from __future__ import annotations
@@ -36,10 +39,13 @@ class ThroughputSource(Protocol):
 
 
 class GavelThroughputs:
-    """Gavel's simulation_throughputs.json: isolated ("null") throughputs per worker type and scale."""
+    """Gavel's simulation_throughputs.json: isolated ("null") throughputs per worker type and scale,
+    plus the measured co-located pairs at scale 1 (steps/s of each of the two jobs sharing one GPU)."""
 
-    def __init__(self, table: Mapping[tuple[str, str, int, bool], float]) -> None:
+    def __init__(self, table: Mapping[tuple[str, str, int, bool], float],
+                 pairs: Mapping[tuple[str, str, str], tuple[float, float]] | None = None) -> None:
         self._table = dict(table)
+        self._pairs = dict(pairs or {})
 
     @classmethod
     def from_json(cls, path: Path | str) -> "GavelThroughputs":
@@ -49,15 +55,28 @@ class GavelThroughputs:
         except (OSError, ValueError) as exc:
             raise InputError(f"cannot read throughput table: {exc}", place=str(path), hint="Gavel JSON") from exc
         table: dict[tuple[str, str, int, bool], float] = {}
+        pairs: dict[tuple[str, str, str], tuple[float, float]] = {}
         for worker, entries in data.items():
             gpu_type, _, suffix = worker.partition("_")
             for key, value in entries.items():
                 job_type, scale = ast.literal_eval(key)
                 table[(job_type, gpu_type, int(scale), suffix != "unconsolidated")] = float(value.get("null", 0.0))
-        return cls(table)
+                if suffix or int(scale) != 1:
+                    continue
+                for partner, both in value.items():
+                    if partner != "null" and isinstance(both, list) and len(both) == 2:
+                        other, other_scale = ast.literal_eval(partner)
+                        if int(other_scale) == 1:
+                            pairs[(job_type, other, gpu_type)] = (float(both[0]), float(both[1]))
+        return cls(table, pairs)
 
     def throughput(self, job_type: str, gpu_type: str, scale: int, consolidated: bool = True) -> float:
         return self._table.get((job_type, gpu_type, scale, consolidated), 0.0)
+
+    def colocated(self, job_type: str, partner: str, gpu_type: str) -> tuple[float, float] | None:
+        """Measured (own, partner) steps/s when both share one GPU; None if unmeasured or infeasible (0)."""
+        pair = self._pairs.get((job_type, partner, gpu_type))
+        return pair if pair and pair[0] > 0 and pair[1] > 0 else None
 
     def job_types(self) -> set[str]:
         return {k[0] for k in self._table}
@@ -127,6 +146,16 @@ class RateModel:
     def gang_rate(self, job_type: str, gpus: int, gang: Gang, sharding: str = "barrier", contenders: int = 1) -> float:
         seconds = self.iteration_seconds(job_type, gpus, gang, sharding, contenders)
         return gpus / seconds if seconds != float("inf") else 0.0
+
+    def colocated_rates(self, job_types: tuple[str, ...], gpu_type: str) -> tuple[float, ...] | None:
+        """Worker-steps/s of each single-GPU job when ``job_types`` share one GPU of ``gpu_type``.
+
+        Only measured pairs are known (the source's ``colocated``); None otherwise.
+        """
+        measured = getattr(self.source, "colocated", None)
+        if len(job_types) != 2 or measured is None:
+            return None
+        return measured(job_types[0], job_types[1], gpu_type)
 
     def rate(self, job_type: str, gpus: int, placement: Placement, sharding: str = "barrier") -> float:
         """Uncontended rate of a placement (policies' estimate; the engine adds contention)."""
