@@ -54,8 +54,14 @@ def _common(job_id: int, spec: JobSpec, settings: EmitSettings, also: tuple[int,
 
 
 def _spec_env(spec: JobSpec, settings: EmitSettings) -> tuple[tuple[str, str], ...]:
-    ckpt = (("SLURMHET_CHECKPOINT_DIR", spec.checkpoint_dir),) if spec.checkpoint_dir else ()
-    return settings.env + ckpt + spec.env
+    """The plan's facts the runtime needs: checkpoint dir, nominal workers (relaxed scale-fixed sync),
+    and the time limit (Slurm 22.05 sets no SLURM_JOB_END_TIME; it tells a timeout from a preemption)."""
+    env = [("SLURMHET_NOMINAL_WORKERS", str(max(1, spec.global_batch // spec.workload.batch_size)))]
+    if spec.checkpoint_dir:
+        env.append(("SLURMHET_CHECKPOINT_DIR", spec.checkpoint_dir))
+    if spec.time_limit_min:
+        env.append(("SLURMHET_TIME_LIMIT_S", str(spec.time_limit_min * 60)))
+    return settings.env + tuple(env) + spec.env
 
 
 def gpu_shapes(allocation: Allocation, weights: Sequence[float]) -> tuple[list[GpuShape], tuple[float, ...]]:
@@ -122,7 +128,8 @@ def _forked(job_id: int, spec: JobSpec, launch: Launch, common: Common, copies: 
         parts += [Part(chunk) for chunk in request.chunks(profile.max_array_size)]
         first += len(nodes)
     consolidation = ConsolidationRequest(common, settings.slurmhet, spec.checkpoint_dir, tuple(range(first)),
-                                         round=round, then=settings.after_consolidation)
+                                         round=round, then=settings.after_consolidation,
+                                         env=(("SLURMHET_JOB_ID", str(job_id)), *settings.env))
     return parts + [Part(consolidation, after=tuple(range(len(parts))))]
 
 

@@ -60,6 +60,7 @@ class Common:
             f"--comment=slurmhet:{ids}" + (f"@{self.store_tag}" if self.store_tag else ""),
             f"--output={self.log_dir}/slurmhet-{self.job_id}-{log_pattern}.out",
             f"--signal=B:USR2@{self.signal_s}",
+            "--open-mode=append",  # a requeued run must not truncate the log of the run it continues
         ]
         if self.time_limit_min is not None:
             opts.append(f"--time={self.time_limit_min}")
@@ -321,6 +322,8 @@ class ConsolidationRequest:
     after: tuple[str, ...] = ()
     round: int = 0
     then: tuple[str, ...] = ()
+    #: Exported before ``slurmhet consolidate`` (job id and progress dir, so the aggregated steps are recorded).
+    env: tuple[tuple[str, str], ...] = ()
 
     def materialize(self) -> Materialized:
         place = f"job {self.common.job_id}"
@@ -343,6 +346,7 @@ class ConsolidationRequest:
             copy_tasks=self.copy_tasks,
             slurmhet=self.slurmhet,
             then=self.then,
+            env=self.env,
         )
         return Materialized(tuple(opts), script)
 

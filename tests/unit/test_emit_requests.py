@@ -136,3 +136,19 @@ def test_pack_sharing_follows_the_node() -> None:
     assert (pack("nodea", "v100", "auto").sharing, pack("nodea", "v100", "auto").share_count) == ("mps", 100)
     assert (pack("nodeb", "t4", "auto").sharing, pack("nodeb", "t4", "auto").share_count) == ("shard", 2)
     assert pack("nodec", "k80", "auto").sharing == "gpu" and pack("nodea", "v100", "gpu").sharing == "gpu"
+
+
+def test_plan_facts_reach_the_runtime_environment() -> None:
+    """Nominal workers (relaxed sync), the time limit (timeout vs preemption) and the settings' env are exported."""
+    settings = EmitSettings("/logs", LAUNCH.launcher, ("python", "-m", "slurmhet"),
+                            env=(("SLURMHET_PROGRESS_DIR", "/p"),))
+    spec = JobSpec(name="j", workload=Workload("ResNet-18", 64), global_batch=256, command=("train",), steps=10,
+                   gpus=GpuRequest(1, 8), time_limit_min=30, sync="local-sgd", checkpoint_dir="/ckpt")
+    script = requests_for(1, spec, _plan((("nodea", "v100", 2),)), PROFILE, settings)[0].request.materialize().script
+    for line in ("SLURMHET_NOMINAL_WORKERS=4", "SLURMHET_TIME_LIMIT_S=1800", "SLURMHET_PROGRESS_DIR=/p"):
+        assert f"export {line}\n" in script
+    copies = (Allocation((("nodea", "v100", 1),)), Allocation((("nodeb", "t4", 1),)))
+    parts = requests_for(7, spec, _plan(copies[0].slots), PROFILE, settings, copies=copies)
+    consolidation = parts[-1].resolved(["11", "12"]).materialize()
+    assert "export SLURMHET_JOB_ID=7\n" in consolidation.script and "export SLURMHET_PROGRESS_DIR=/p\n" in consolidation.script
+    assert "--open-mode=append" in consolidation.argv
