@@ -133,7 +133,10 @@ def run_pack(members: Sequence[PackMember], *, env: Mapping[str, str] | None = N
     if not members:
         raise InputError("a pack needs at least one member", place="run-pack", hint="list the members")
     base_env = dict(os.environ if env is None else env)
-    control = shutil.which(control_program, path=base_env.get("PATH"))
+    # With the SPANK plugin's --slurmhet-mps, the plugin already runs this job's daemon on this node; a second
+    # one would fight it for the GPU, so the members join the plugin's daemon and its lifecycle stays the plugin's.
+    plugin_daemon = base_env.get("SLURMHET_MPS_DAEMON") == "1" and bool(base_env.get("CUDA_MPS_PIPE_DIRECTORY"))
+    control = None if plugin_daemon else shutil.which(control_program, path=base_env.get("PATH"))
     signalled: list[int] = []
     processes: dict[str, subprocess.Popen[bytes]] = {}
 
@@ -147,7 +150,9 @@ def run_pack(members: Sequence[PackMember], *, env: Mapping[str, str] | None = N
     private: Path | None = None
     member_env = dict(base_env)
     try:
-        if control is None:
+        if plugin_daemon:
+            log(f"MPS daemon provided by the slurmhet SPANK plugin (pipe {base_env['CUDA_MPS_PIPE_DIRECTORY']})")
+        elif control is None:
             log(f"MPS is NOT active: {control_program} is not on PATH; running {len(members)} members "
                 "concurrently without MPS (time-sharing the GPU)")
         else:
@@ -156,7 +161,8 @@ def run_pack(members: Sequence[PackMember], *, env: Mapping[str, str] | None = N
             _control([control, "-d"], member_env)
             log(f"MPS control daemon started (pipe {pipe}, log {logs})")
         try:
-            return _run_members(members, member_env, control is not None, processes, signalled, grace_s, log)
+            return _run_members(members, member_env, plugin_daemon or control is not None, processes, signalled,
+                                grace_s, log)
         finally:
             if control is not None:
                 why = f"after signal {signal.Signals(signalled[0]).name}" if signalled else "members finished"

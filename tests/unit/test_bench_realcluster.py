@@ -136,3 +136,15 @@ jobs:
     assert set(out["slurmhet"]) >= {"makespan_s", "avg_jct_s"}
     errors = rc.add_errors(out, {"naive": {"makespan_s": 10.0, "avg_jct_s": None}})
     assert errors["naive"]["error_makespan"] == pytest.approx(0.2) and errors["naive"]["error_avg_jct"] is None
+
+
+def test_foreign_usage_counts_other_jobs_inside_the_window_only() -> None:
+    records = [
+        record("1", start=0, end=100, gpus={"v100": 1}),  # ours
+        record("7", start=50, end=150, gpus={"v100": 2}),  # 50 s inside, 2 GPUs
+        record("7.batch", start=50, end=150),
+        record("8", start=200, end=300, gpus={"t4": 1}),  # after the window
+        record("9", state="RUNNING", start=90, end=None, gpus={"k80": 1}),  # still running: up to the window's end
+    ]
+    out = rc.foreign_usage(records, {"1"}, T0, T0 + timedelta(seconds=100))
+    assert out == {"jobs": 2, "gpu_s": 110.0}

@@ -190,3 +190,24 @@ def test_lifecycle_against_the_real_mps_daemon(tmp_path: Path) -> None:
     seen = json.loads((tmp_path / "a.json").read_text())
     assert "control" in seen["pipe_entries"], "the real daemon listens in the private pipe directory"
     assert not Path(seen["CUDA_MPS_PIPE_DIRECTORY"]).exists(), "quit stops the daemon; the private directory is removed"
+
+
+def test_members_join_the_spank_plugins_daemon_instead_of_starting_one(tmp_path: Path) -> None:
+    """With --slurmhet-mps the plugin runs the job's daemon: run-pack must not start (or quit) a second one."""
+    from slurmhet.runtime.mps import PackMember, run_pack
+
+    marker = tmp_path / "control-called"
+    control = tmp_path / "nvidia-cuda-mps-control"
+    control.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    control.chmod(0o755)
+    pipe = tmp_path / "plugin-pipe"
+    pipe.mkdir()
+    seen = tmp_path / "seen"
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "SLURMHET_MPS_DAEMON": "1", "CUDA_MPS_PIPE_DIRECTORY": str(pipe)}
+    member = PackMember("a", ("sh", "-c", f'echo "$CUDA_MPS_PIPE_DIRECTORY $CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" > {seen}'),
+                        50)
+    lines: list[str] = []
+    results = run_pack([member], env=env, tmp_root=tmp_path, log=lines.append)
+    assert [r.returncode for r in results] == [0] and results[0].mps_active
+    assert seen.read_text().split() == [str(pipe), "50"]
+    assert not marker.exists() and any("SPANK plugin" in line for line in lines)
