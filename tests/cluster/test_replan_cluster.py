@@ -27,11 +27,11 @@ import pytest
 
 from slurmhet.replan import MAX_SUBMIT_ATTEMPTS
 from tests.cluster.helpers import SLURMHET, accounting, cli, status, wait_for
-from tests.cluster.replan_helpers import (ANY_ONE, SLURM, adopted_by, attempts, db_snapshot, elapsed_seconds, events, job,
-                                          kill_group, live_tagged, recorded_parts, replan, sacct_rows, sbatch_foreign,
-                                          scancel, slow_sbatch, slurm_jobs_of_store, squeue_state, start_cli,
-                                          store_tag, store_waiting_jobs, submit, submitted_by, usable_gpus,
-                                          wait_file_lines, wait_slurm, write)
+from tests.cluster.replan_helpers import (ANY_ONE, SLURM, adopted_by, attempts, db_snapshot, elapsed_seconds,
+                                          events, job, kill_group, live_tagged, recorded_parts, replan, sacct_rows,
+                                          sbatch_foreign, scancel, slow_sbatch, slurm_jobs_of_store, squeue_state,
+                                          start_cli, store_tag, store_waiting_jobs, submit, submitted_by,
+                                          usable_gpus, wait_file_lines, wait_slurm, write)
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster")
 
@@ -95,9 +95,11 @@ def test_replan_is_idempotent_and_submits_waiting_jobs_when_gpus_free(
     first = replan(state_dir)
     before = slurm_jobs_of_store(tag, since)
     rows_before = status(state_dir)
+    logged = [e for e in events(state_dir) if e[1] != "state"]  # state changes are Slurm's news, not replan's
     second = replan(state_dir)
     after = slurm_jobs_of_store(tag, since)
     assert second.stdout.strip() == "slurmhet replan: nothing to do", (first.stdout, second.stdout)
+    assert [e for e in events(state_dir) if e[1] != "state"] == logged  # no submit, cancel, adopt or reset
     assert {j: set(s) for j, s in after.items()} == {j: set(s) for j, s in before.items()}
     assert set(after) == set(started)  # the waiting jobs are still not in Slurm
     assert all(state in ("PENDING", "RUNNING", "COMPLETING") for s in after.values() for state in s.values())
@@ -431,7 +433,8 @@ def test_drained_node_displaces_a_pending_job_to_another_type(
 
 def test_refused_job_is_retried_by_replan_until_the_cap(
         tmp_path: Path, state_dir: Path, since: datetime, leftovers: list[str]) -> None:
-    spec = write(tmp_path / "refused.yaml", job("refused", ["true"], ANY_ONE, "sbatch: ['--account=no-such-account']\n"))
+    spec = write(tmp_path / "refused.yaml",
+                 job("refused", ["true"], ANY_ONE, "sbatch: ['--account=no-such-account']\n"))
     proc = cli("submit", "--json", str(spec), state=state_dir, check=False)
     assert proc.returncode == 1 and "SUBMIT_FAILED" in proc.stderr
     job_id = json.loads(proc.stdout)["jobs"][0]["job_id"]
