@@ -83,7 +83,8 @@ class SlurmhetGroup(click.Group):
         try:
             return super().invoke(ctx)
         except SlurmCommandError as exc:
-            err_console.print(f"slurmhet: error: Slurm: {exc.describe()}", markup=False, highlight=False)
+            err_console.print(f"slurmhet: error: Slurm: {exc.describe()}", markup=False, highlight=False,
+                              soft_wrap=True)
             sys.exit(1)
         except SlurmhetError as exc:
             kind = "error" if isinstance(exc, InputError) else "failure"

@@ -10,6 +10,7 @@ were submitted but not recorded instead of submitting them again.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,15 +24,16 @@ from slurmhet.config import Settings
 from slurmhet.planner import Allocation
 from slurmhet.runtime.progress import ProgressRecord, job_steps, read_progress
 from slurmhet.slurm.client import SlurmClient
-from slurmhet.slurm.parsers import QueueRecord
 from slurmhet.slurm.profile import SiteProfile
 from slurmhet.slurm.runner import SlurmRunner
+from slurmhet.spec import parse_job
 from slurmhet.store import Database, Job, JobState, SlurmJob, add_event, list_jobs
 from slurmhet.store.lock import dispatch_lock
 from slurmhet.store.models import ClusterSnapshot, ProgressMark, ThroughputObservation
 from slurmhet.submission import (PLACED, UNPLACED, Candidate, Dispatcher, candidate_of, describe, dispatches,
-                                 plan_for, render_parts, stored_allocation, throughput_table)
-from slurmhet.sync import sync_jobs
+                                 foreign_gpu_nodes, next_round, plan_for, render_parts, stored_allocation,
+                                 throughput_table, unplaceable)
+from slurmhet.sync import adopt_orphans, sync_jobs
 from slurmhet.throughput import ThroughputEntry, ThroughputTable, canonical_key
 
 #: A refused job is retried this many times, then left SUBMIT_FAILED for a person to look at.
@@ -125,31 +127,6 @@ def fold_progress(session: Session, records: Sequence[ProgressRecord], workloads
 # --------------------------------------------------------------------------- the run
 
 
-def adopt_orphans(session: Session, jobs: Sequence[Job], queue: Sequence[QueueRecord], store_tag: str,
-                  owner: str) -> list[str]:
-    """Slurm jobs tagged for an unplaced job (sbatch ran, the record did not): record them, do not resubmit."""
-    by_id = {j.id: j for j in jobs if j.state in UNPLACED}
-    actions = []
-    for record in queue:
-        ids_text, _, tag = record.comment.partition("@")
-        if not ids_text.startswith("slurmhet:") or tag != store_tag or record.user != owner:
-            continue
-        known = {p.slurm_job_id for j in jobs for p in j.slurm_jobs}
-        if record.root_id in known:
-            continue
-        for text_id in ids_text.removeprefix("slurmhet:").split(","):
-            job = by_id.get(int(text_id)) if text_id.isdigit() else None
-            if job is None:
-                continue
-            job.slurm_jobs.append(SlurmJob(slurm_job_id=record.root_id, role="adopted", state=record.state,
-                                           het_offset=record.het_offset, array_task=record.array_task,
-                                           nodes=record.nodes))
-            job.state, job.reason = JobState.SUBMITTED, ""
-            add_event(session, job, "adopted", f"Slurm job {record.root_id} found by its comment tag")
-            actions.append(f"adopted Slurm job {record.root_id} for job {job.id}")
-    return actions
-
-
 def displaced(job: Job, inventory: Inventory) -> bool:
     """A job waiting in Slurm whose planned nodes are gone: its pending parts must be re-planned."""
     alloc = stored_allocation(job)
@@ -159,6 +136,62 @@ def displaced(job: Job, inventory: Inventory) -> bool:
         return False
     usable = {n.name for n in inventory.usable().nodes}
     return any(node not in usable for node, _, _ in alloc.slots)
+
+
+def forked_round(job: Job) -> SlurmJob | None:
+    """The consolidation part of a job whose latest dispatch was a forked (HadarE) round, else None."""
+    parts = [p for p in job.slurm_jobs if p.role != "superseded"]
+    if not parts:
+        return None
+    last = max(parts, key=lambda p: (p.id or 0))
+    return last if last.role == "consolidation" else None
+
+
+def round_consolidated(part: SlurmJob, own_slurm_job_id: str | None) -> bool:
+    """The round's average is written: its consolidation completed, or this replan is that consolidation's
+    ``then`` step (which runs only after ``slurmhet consolidate`` succeeded, while the part still runs)."""
+    return part.state == "COMPLETED" or (own_slurm_job_id is not None and part.slurm_job_id == own_slurm_job_id)
+
+
+def job_tracker(session: Session, jobs: Sequence[Job], steps: dict[str, int], dry_run: bool,
+                own_slurm_job_id: str | None) -> tuple[list[str], list[str]]:
+    """HadarE's Job Tracker after a forked round: aggregate the copies' steps, then plan the next round or finish.
+
+    A job whose round is consolidated and has steps left goes back to PENDING (the plan dispatches round
+    k+1); one whose steps are all done is COMPLETED. A round still running is left alone. Returns
+    (events, actions).
+    """
+    events, actions = [], []
+    for job in jobs:
+        part = forked_round(job)
+        if part is None or job.state in UNPLACED or not round_consolidated(part, own_slurm_job_id):
+            continue
+        if job.state is JobState.COMPLETED and (job.plan or {}).get("forked", {}).get("final"):
+            continue
+        total = parse_job(job.spec, f"store:job {job.id}").total_steps
+        done = steps.get(str(job.id), 0)
+        if done < total:
+            events.append(f"job {job.id} ({job.name}) round {part.round} consolidated at step {done}")
+            actions.append(f"plan round {part.round + 1} of job {job.id}: {total - done} steps left")
+            if not dry_run:
+                job.state, job.reason, job.ended_at = JobState.PENDING, f"round {part.round} consolidated at step " \
+                    f"{done}; next round to plan", None
+                add_event(session, job, "round", f"round {part.round} consolidated at step {done}",
+                          round=part.round, steps=done)
+        elif part.state != "COMPLETED":
+            # This replan is the last round's consolidation itself: the sync closes the job once it ends.
+            events.append(f"job {job.id} ({job.name}) round {part.round} consolidated at step {done}: all steps done")
+        else:
+            events.append(f"job {job.id} ({job.name}) completed all {total} steps in {part.round + 1} round(s)")
+            if not dry_run:
+                if job.state is not JobState.COMPLETED:
+                    add_event(session, job, "state", f"{job.state.value} -> {JobState.COMPLETED.value}")
+                job.state, job.reason = JobState.COMPLETED, ""
+                job.ended_at = job.ended_at or datetime.now(timezone.utc)
+                job.plan = {**(job.plan or {}), "forked": {**(job.plan or {}).get("forked", {}), "final": True}}
+                add_event(session, job, "round", f"round {part.round} consolidated at step {done}: all steps done",
+                          round=part.round, steps=done)
+    return events, actions
 
 
 class Replanner:
@@ -182,7 +215,9 @@ class Replanner:
             sync_jobs(session, self.client, jobs)
             mine = [j for j in jobs if j.owner == self.owner]
             result.actions += adopt_orphans(session, mine, self.client.queue(), self.db.instance, self.owner)
-            result.events += [f"job {j.id} ({j.name}) ended {j.state.value}" for j in jobs if j.state.final]
+            # A forked job's round ending is the Job Tracker's to judge (next round, or done): see job_tracker.
+            result.events += [f"job {j.id} ({j.name}) ended {j.state.value}" for j in jobs
+                              if j.state.final and forked_round(j) is None]
             result.events += [f"job {j.id} ({j.name}) arrived" for j in mine if j.plan is None]
             table, shifts = fold_progress(session, read_progress(self.settings.progress_dir),
                                           {str(j.id): self._workload(j) for j in jobs},
@@ -206,6 +241,18 @@ class Replanner:
                         job.state, job.reason = JobState.PENDING, "re-planned: its nodes became unavailable"
                         add_event(session, job, "displaced", job.reason, slurm_job_ids=live)
             steps = job_steps(read_progress(self.settings.progress_dir))
+            # Forked jobs whose round ended (a sync may already have closed them as COMPLETED).
+            known = {j.id for j in jobs}
+            forked = [j for j in mine if forked_round(j) is not None] + [
+                j for j in list_jobs(session, owner=self.owner, states=(JobState.COMPLETED,))
+                if j.id not in known and "forked" in (j.plan or {}) and not j.plan["forked"].get("final")]
+            tracked_events, tracked_actions = job_tracker(session, forked, steps, dry_run,
+                                                          os.environ.get("SLURM_JOB_ID"))
+            result.events += tracked_events
+            result.actions += tracked_actions
+            jobs += [j for j in forked if j.id not in known and not j.state.final]
+            mine += [j for j in forked if j.id not in known and not j.state.final]
+            rounds = {j.id: next_round(j) for j in mine if j.state in UNPLACED and next_round(j)}
             live_jobs = [j for j in jobs if not j.state.final]
             candidates = [self._candidate(j, steps) for j in live_jobs]
             retry_capped = {j.id for j in mine if j.state is JobState.SUBMIT_FAILED and j.attempts >= MAX_SUBMIT_ATTEMPTS}
@@ -215,18 +262,23 @@ class Replanner:
         plan = plan_for(candidates, inventory, table, self.settings.default_policy, now)
         ready = {c.job_id: c.spec for c in candidates
                  if c.current is None and c.owner == self.owner and c.job_id not in retry_capped}
-        work = dispatches(plan, ready, self.profile, self.settings, inventory, self.db.instance)
+        work = dispatches(plan, ready, self.profile, self.settings, inventory, self.db.instance, table=table,
+                          steps_done={c.job_id: int(c.samples_done // c.spec.global_batch) for c in candidates},
+                          rounds=rounds, busy_nodes=foreign_gpu_nodes(self.client.queue(), self.db.instance))
         if dry_run:
             for d in work:
-                result.actions.append(f"submit job(s) {','.join(map(str, d.job_ids))}: "
-                                      f"{describe(plan.job(str(d.job_ids[0])).allocation)}")
+                alloc = Allocation(d.fork.slots) if d.fork else plan.job(str(d.job_ids[0])).allocation
+                result.actions.append(f"submit job(s) {','.join(map(str, d.job_ids))}: {describe(alloc)}"
+                                      + (f" (forked into {len(d.fork.copies)} copies)" if d.fork else ""))
                 result.dry_run_parts += render_parts(d.parts)
             return result
         dispatcher = Dispatcher(self.db, self.client, self.profile, self.settings, self.runner)
-        dispatcher.record_plan(plan, list(ready))
+        dispatcher.record_plan(plan, list(ready), unplaceable(candidates, inventory))
         for d in work:
             for outcome in dispatcher.submit(d, plan):
+                forked_note = f" forked into {len(d.fork.copies)} copies, round {d.fork.round}" if d.fork else ""
                 result.actions.append(f"job {outcome.job_id} ({outcome.name}): {outcome.state} {outcome.allocation}"
+                                      + forked_note
                                       + (f" Slurm {','.join(outcome.slurm_job_ids)}" if outcome.slurm_job_ids else "")
                                       + (f" ({outcome.reason})" if outcome.reason else ""))
         return result

@@ -22,14 +22,16 @@ from slurmhet.config import Settings
 from slurmhet.emit.from_plan import EmitSettings, pack_parts, requests_for
 from slurmhet.emit.multipart import MultiPartOutcome, MultiPartSubmitter, Part
 from slurmhet.errors import InputError
+from slurmhet.forking import DEFAULT_ROUND_S, ForkedJob, job_forker
 from slurmhet.planner import POLICIES, Allocation, JobPlan, Plan, PlanningInput, Progress, plan_job_from_spec
 from slurmhet.slurm.client import SlurmClient
+from slurmhet.slurm.parsers import QueueRecord
 from slurmhet.slurm.profile import SiteProfile
 from slurmhet.slurm.runner import SlurmCommandError, SlurmRunner
 from slurmhet.spec import JobSpec, check_against_cluster, parse_job
 from slurmhet.store import Database, Job, JobState, SlurmJob, add_event, create_job, get_job, list_jobs
 from slurmhet.store.lock import dispatch_lock
-from slurmhet.sync import sync_jobs
+from slurmhet.sync import adopt_orphans, sync_jobs
 from slurmhet.throughput import ThroughputTable, load_tables
 
 #: Seconds between Slurm's USR2 (``--signal=B:USR2@N``) and the time limit; the runtime checkpoints then.
@@ -38,6 +40,10 @@ SIGNAL_LEAD_S = 120
 UNPLACED = (JobState.PENDING, JobState.SUBMIT_FAILED)
 #: Jobs holding (or about to hold) GPUs: pinned where they are.
 PLACED = (JobState.SUBMITTED, JobState.RUNNING)
+#: Seconds per HadarE round (forked copies train this long, then consolidate); the environment overrides it.
+FORK_ROUND_ENV = "SLURMHET_FORK_ROUND_S"
+#: Part roles of a forked round.
+FORK_ROLES = ("array", "consolidation")
 
 
 def current_user() -> str:
@@ -63,7 +69,42 @@ def emit_settings(settings: Settings, store_tag: str, inventory: Inventory) -> E
     slurmhet = (sys.executable, "-m", "slurmhet")
     return EmitSettings(log_dir=str(settings.log_dir), launcher=(*slurmhet, "run", "--"), slurmhet=slurmhet,
                         partition=settings.slurm.partition, pack_sharing="auto", store_tag=store_tag,
-                        env=job_environment(settings, inventory))
+                        env=job_environment(settings, inventory),
+                        # A consolidation ends by planning the next round at once; cron catches up otherwise.
+                        after_consolidation=(*slurmhet, "replan", "--once"))
+
+
+def fork_round_s() -> float:
+    """HadarE's round length in seconds (``$SLURMHET_FORK_ROUND_S``, default ``DEFAULT_ROUND_S``)."""
+    text = os.environ.get(FORK_ROUND_ENV, "")
+    try:
+        value = float(text) if text else DEFAULT_ROUND_S
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise InputError(f"{FORK_ROUND_ENV}={text!r} is not a positive number of seconds", place=FORK_ROUND_ENV,
+                         hint="e.g. 360 (the paper's slot for large mixes) or 90 for small ones")
+    return value
+
+
+def next_round(job: Job) -> int:
+    """The round a job's next forked dispatch is: one past its last forked round, else 0."""
+    rounds = [p.round for p in job.slurm_jobs if p.role in FORK_ROLES]
+    return max(rounds) + 1 if rounds else 0
+
+
+def foreign_gpu_nodes(queue: Sequence[QueueRecord], store_tag: str) -> frozenset[str]:
+    """Nodes where a running Slurm job that this store did not submit holds GPUs: no copies go there."""
+    from slurmhet.runtime.hostlist import expand_hostlist
+
+    busy: set[str] = set()
+    for record in queue:
+        if record.state not in ("RUNNING", "COMPLETING", "SUSPENDED") or "gres/gpu" not in record.alloc_tres:
+            continue
+        if record.comment.startswith("slurmhet:") and record.comment.endswith(f"@{store_tag}"):
+            continue
+        busy.update(expand_hostlist(record.nodes) if record.nodes else [])
+    return frozenset(busy)
 
 
 @dataclass(frozen=True)
@@ -89,15 +130,33 @@ def candidate_of(job: Job, samples_done: float = 0.0) -> Candidate:
     return Candidate(job.id, spec, job.created_at.timestamp(), current, samples_done, job.owner)
 
 
+def unplaceable(candidates: Sequence[Candidate], inventory: Inventory) -> dict[int, str]:
+    """Unplaced jobs whose allowed types cannot hold ``gpus.min`` on the usable nodes now (drains, outages).
+
+    They wait with this reason instead of failing the plan for everyone else.
+    """
+    have = inventory.usable().gpus_by_type()
+    out = {}
+    for c in candidates:
+        types = c.spec.gpus.types or tuple(have)
+        capacity = sum(have.get(t, 0) for t in types)
+        if c.current is None and capacity < c.spec.gpus.min:
+            out[c.job_id] = (f"waits: its GPU types ({', '.join(types) or 'any'}) have {capacity} usable GPU(s) "
+                             f"now and it needs {c.spec.gpus.min}")
+    return out
+
+
 def plan_for(candidates: Sequence[Candidate], inventory: Inventory, table: ThroughputTable, policy: str,
              now: float, progress: Progress | None = None) -> Plan:
-    """Run the chosen planner over every candidate; placed jobs stay pinned."""
+    """Run the chosen planner over every candidate; placed jobs stay pinned, unplaceable ones wait."""
     if policy not in POLICIES:
         raise InputError(f"unknown policy {policy!r}", place="--policy", hint="one of " + ", ".join(POLICIES))
     usable = inventory.usable()
     nodes = {n.name for n in usable.nodes}
+    waiting = unplaceable(candidates, inventory)
     # A job still running on a drained node holds no GPU the planner could hand out: leave it out.
-    candidates = [c for c in candidates if c.current is None or all(n in nodes for n, _, _ in c.current.slots)]
+    candidates = [c for c in candidates if c.job_id not in waiting and
+                  (c.current is None or all(n in nodes for n, _, _ in c.current.slots))]
     jobs = tuple(plan_job_from_spec(str(c.job_id), c.spec, c.submitted_at, samples_done=c.samples_done,
                                     current=c.current) for c in candidates)
     try:
@@ -130,6 +189,8 @@ class Dispatch:
     job_ids: tuple[int, ...]
     specs: tuple[JobSpec, ...]
     parts: list[Part]
+    #: HadarE: the job's forked copies this round (None: the plan's own allocation).
+    fork: ForkedJob | None = None
 
 
 @dataclass
@@ -153,17 +214,30 @@ def describe(alloc: Allocation | None) -> str:
 
 
 def dispatches(plan: Plan, ready: dict[int, JobSpec], profile: SiteProfile, settings: Settings,
-               inventory: Inventory, store_tag: str = "") -> list[Dispatch]:
-    """Parts for every ready job the plan places now; co-location groups become one pack each."""
+               inventory: Inventory, store_tag: str = "", *, table: ThroughputTable | None = None,
+               steps_done: dict[int, int] | None = None, rounds: dict[int, int] | None = None,
+               busy_nodes: frozenset[str] = frozenset()) -> list[Dispatch]:
+    """Parts for every ready job the plan places now; co-location groups become one pack each.
+
+    With ``table``, HadarE's Job Forker offers the GPUs the plan leaves idle to forkable jobs;
+    a job it forks is emitted as copies (arrays + a consolidation) for round ``rounds[job]``.
+    """
     emit = emit_settings(settings, store_tag, inventory)
+    forks = job_forker(plan, inventory, table, ready, steps_done=steps_done, rounds=rounds, round_s=fork_round_s(),
+                       busy_nodes=busy_nodes) if table is not None else {}
     out: list[Dispatch] = []
     groups: dict[str, list[tuple[int, JobSpec, JobPlan]]] = {}
     for job_plan in sorted(plan.jobs, key=lambda jp: jp.order):
         job_id = int(job_plan.job_id)
-        if job_id not in ready or job_plan.allocation is None:
+        fork = forks.get(job_plan.job_id)
+        if job_id not in ready or (job_plan.allocation is None and fork is None):
             continue
         spec = ready[job_id]
-        if job_plan.colocation_group:
+        if fork is not None:
+            out.append(Dispatch((job_id,), (spec,), requests_for(
+                job_id, spec, job_plan, profile, emit, copies=fork.copies, round=fork.round,
+                round_steps=fork.round_steps), fork))
+        elif job_plan.colocation_group:
             groups.setdefault(job_plan.colocation_group, []).append((job_id, spec, job_plan))
         elif not spec.entrypoint:
             out.append(Dispatch((job_id,), (spec,), requests_for(job_id, spec, job_plan, profile, emit)))
@@ -196,9 +270,14 @@ class Dispatcher:
                  runner: SlurmRunner) -> None:
         self.db, self.client, self.profile, self.settings, self.runner = db, client, profile, settings, runner
 
-    def record_plan(self, plan: Plan, job_ids: Sequence[int]) -> None:
+    def record_plan(self, plan: Plan, job_ids: Sequence[int], waiting: dict[int, str] | None = None) -> None:
+        """Store each job's plan, and the reason for jobs the plan could not place at all."""
         wanted = {str(i) for i in job_ids}
         with self.db.transaction() as session:
+            for job_id, reason in (waiting or {}).items():
+                job = get_job(session, job_id)
+                if job is not None and job.state in UNPLACED and job_id in job_ids:
+                    job.reason = reason
             for job_plan in plan.jobs:
                 if job_plan.job_id not in wanted:
                     continue
@@ -221,7 +300,15 @@ class Dispatcher:
             for job_id, spec in zip(dispatch.job_ids, dispatch.specs):
                 job = get_job(session, job_id)
                 assert job is not None
-                results.append(self._record(session, job, spec, outcome, plan.job(str(job_id)).allocation))
+                fork = dispatch.fork
+                alloc = Allocation(fork.slots) if fork is not None else plan.job(str(job_id)).allocation
+                results.append(self._record(session, job, spec, outcome, alloc))
+                if fork is not None and outcome.ok:
+                    # The store pins every copy's GPUs while the round runs, so the next plan leaves them be.
+                    job.plan = {**(job.plan or {}), "slots": [list(s) for s in fork.slots], "forked": fork.record()}
+                    add_event(session, job, "forked", f"forked into {len(fork.copies)} copies (round {fork.round}, "
+                              f"{fork.total_round_steps} steps: {'+'.join(map(str, fork.round_steps))})",
+                              round=fork.round, copies=describe(alloc), round_steps=list(fork.round_steps))
         return results
 
     def _record(self, session: Any, job: Job, spec: JobSpec, outcome: MultiPartOutcome,
@@ -300,7 +387,8 @@ def submit_new(db: Database | None, dispatcher_args: tuple[SlurmClient, SiteProf
         fresh = [Candidate(-(i + 1), spec, now) for i, (spec, _) in enumerate(specs)]
         plan = plan_for(existing + fresh, inventory, table, settings.default_policy, now, progress)
         ready = {c.job_id: c.spec for c in fresh}
-        rendered = {d.job_ids[0]: render_parts(d.parts) for d in dispatches(plan, ready, profile, settings, inventory)}
+        rendered = {d.job_ids[0]: render_parts(d.parts)
+                    for d in dispatches(plan, ready, profile, settings, inventory, table=table)}
         return [Outcome(c.job_id, c.spec.name, "DRY_RUN", [], describe(plan.job(str(c.job_id)).allocation),
                         plan.job(str(c.job_id)).wait_reason or "", rendered.get(c.job_id, [])) for c in fresh]
     assert db is not None
@@ -313,29 +401,49 @@ def submit_new(db: Database | None, dispatcher_args: tuple[SlurmClient, SiteProf
         with db.transaction() as session:
             jobs = list_jobs(session, states=UNPLACED + PLACED)
             sync_jobs(session, client, jobs)
-            existing = [candidate_of(j) for j in jobs if not j.state.final and j.id not in set(new_ids)]
-        return _plan_and_dispatch(db, (client, profile, settings, runner), existing, new_ids, specs, owner,
-                                  inventory, table, now, progress)
+            adopt_orphans(session, [j for j in jobs if j.owner == owner], client.queue(), db.instance, owner)
+            # A concurrent submit or replan may already have placed some of our new jobs: they are now
+            # pinned like any placed job, and reported as they stand instead of being submitted again.
+            mine = [get_job(session, i) for i in new_ids]  # finished ones too: `jobs` holds live jobs only
+            placed = {j.id: j for j in mine if j is not None and j.state not in UNPLACED}
+            existing = [candidate_of(j) for j in jobs
+                        if not j.state.final and (j.id not in set(new_ids) or j.id in placed)]
+            rounds = {j.id: next_round(j) for j in jobs if not j.state.final and next_round(j)}
+            already = {i: Outcome(i, j.name, j.state.value, sorted({p.slurm_job_id for p in j.slurm_jobs}),
+                                  describe(stored_allocation(j))) for i, j in placed.items()}
+        pending = [(i, spec) for i, spec in zip(new_ids, specs) if i not in already]
+        outcomes = _plan_and_dispatch(db, (client, profile, settings, runner), existing, [i for i, _ in pending],
+                                      [spec for _, spec in pending], owner, inventory, table, now, progress, rounds)
+        by_id = {o.job_id: o for o in outcomes} | already
+        return [by_id[i] for i in new_ids]
 
 
 def _plan_and_dispatch(db: Database, dispatcher_args: tuple[SlurmClient, SiteProfile, Settings, SlurmRunner],
                        existing: list[Candidate], new_ids: list[int], specs: Sequence[tuple[JobSpec, str]],
                        owner: str, inventory: Inventory, table: ThroughputTable, now: float,
-                       progress: Progress | None) -> list[Outcome]:
+                       progress: Progress | None, rounds: dict[int, int] | None = None) -> list[Outcome]:
     client, profile, settings, runner = dispatcher_args
     fresh = [Candidate(i, spec, now, owner=owner) for i, (spec, _) in zip(new_ids, specs)]
     plan = plan_for(existing + fresh, inventory, table, settings.default_policy, now, progress)
     # Everyone's jobs shape the plan; only the caller's own are submitted (sbatch runs as the caller).
     unplaced = [c for c in existing if c.current is None and c.owner == owner] + fresh
     dispatcher = Dispatcher(db, client, profile, settings, runner)
-    dispatcher.record_plan(plan, [c.job_id for c in unplaced])
+    dispatcher.record_plan(plan, [c.job_id for c in unplaced], unplaceable(unplaced, inventory))
     results: dict[int, Outcome] = {}
+    steps_done = {c.job_id: int(c.samples_done // c.spec.global_batch) for c in unplaced}
+    if rounds:  # a forked job between rounds: its steps so far come from the progress files
+        from slurmhet.runtime.progress import job_steps, read_progress
+
+        done = job_steps(read_progress(settings.progress_dir))
+        steps_done.update({i: done.get(str(i), 0) for i in rounds})
     for dispatch in dispatches(plan, {c.job_id: c.spec for c in unplaced}, profile, settings, inventory,
-                               db.instance):
+                               db.instance, table=table, steps_done=steps_done, rounds=rounds,
+                               busy_nodes=foreign_gpu_nodes(client.queue(), db.instance)):
         for outcome in dispatcher.submit(dispatch, plan):
             results[outcome.job_id] = outcome
+    waiting = unplaceable(fresh, inventory)
     for c in fresh:
         if c.job_id not in results:
-            jp = plan.job(str(c.job_id))
-            results[c.job_id] = Outcome(c.job_id, c.spec.name, "PENDING", [], "waiting", jp.wait_reason or "")
+            reason = waiting.get(c.job_id) or plan.job(str(c.job_id)).wait_reason or ""
+            results[c.job_id] = Outcome(c.job_id, c.spec.name, "PENDING", [], "waiting", reason)
     return [results[c.job_id] for c in fresh]

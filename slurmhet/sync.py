@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from sqlalchemy.orm import Session
 
@@ -126,3 +126,28 @@ def sync_jobs(session: Session, client: SlurmClient, jobs: list[Job]) -> int:
             job.ended_at = max(ends) if new.final and ends else job.ended_at
             changed += 1
     return changed
+
+
+def adopt_orphans(session: Session, jobs: Sequence[Job], queue: Sequence[QueueRecord], store_tag: str,
+                  owner: str) -> list[str]:
+    """Slurm jobs tagged for an unplaced job (sbatch ran, the record did not): record them, do not resubmit."""
+    by_id = {j.id: j for j in jobs if j.state in (JobState.PENDING, JobState.SUBMIT_FAILED)}
+    actions = []
+    for record in queue:
+        ids_text, _, tag = record.comment.partition("@")
+        if not ids_text.startswith("slurmhet:") or tag != store_tag or record.user != owner:
+            continue
+        known = {p.slurm_job_id for j in jobs for p in j.slurm_jobs}
+        if record.root_id in known:
+            continue
+        for text_id in ids_text.removeprefix("slurmhet:").split(","):
+            job = by_id.get(int(text_id)) if text_id.isdigit() else None
+            if job is None:
+                continue
+            job.slurm_jobs.append(SlurmJob(slurm_job_id=record.root_id, role="adopted", state=record.state,
+                                           het_offset=record.het_offset, array_task=record.array_task,
+                                           nodes=record.nodes))
+            job.state, job.reason = JobState.SUBMITTED, ""
+            add_event(session, job, "adopted", f"Slurm job {record.root_id} found by its comment tag")
+            actions.append(f"adopted Slurm job {record.root_id} for job {job.id}")
+    return actions

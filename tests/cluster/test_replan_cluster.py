@@ -120,7 +120,7 @@ def test_replan_is_idempotent_and_submits_waiting_jobs_when_gpus_free(
 
 
 class DuplicateSubmission(AssertionError):
-    """The one failure the xfails below expect; anything else (a broken setup) fails for real."""
+    """A slurmhet job submitted to Slurm more than once (the bug these tests guard against)."""
 
 
 def duplicates(tag: str, since: datetime, job_ids: list[int]) -> dict[int, list[str]]:
@@ -128,12 +128,6 @@ def duplicates(tag: str, since: datetime, job_ids: list[int]) -> dict[int, list[
     return {j: sorted(seen[j]) for j in job_ids if len(seen.get(j, {})) > 1}
 
 
-SUBMIT_RACE = ("submit_new (slurmhet/submission.py) plans the caller's new jobs as fresh even when another "
-               "submit, waiting on the same lock, has already dispatched them: a job stored by one submit is "
-               "submitted by every submit that holds the lock before it, then again by its own")
-
-
-@pytest.mark.xfail(strict=True, raises=DuplicateSubmission, reason=SUBMIT_RACE)
 def test_fifty_concurrent_submits_store_and_submit_each_job_once(
         tmp_path: Path, state_dir: Path, since: datetime, leftovers: list[str]) -> None:
     specs = [write(tmp_path / f"c{i}.yaml", job(f"concurrent{i}", ["true"])) for i in range(50)]
@@ -166,7 +160,6 @@ def test_fifty_concurrent_submits_store_and_submit_each_job_once(
     assert len({s for i in ids for s in seen[i]}) == 50
 
 
-@pytest.mark.xfail(strict=True, raises=DuplicateSubmission, reason=SUBMIT_RACE)
 def test_submits_queued_on_the_lock_each_dispatch_their_job_once(
         tmp_path: Path, state_dir: Path, since: datetime, leftovers: list[str]) -> None:
     """Deterministic form of the race above: two submits store their job while a replan holds the lock."""
@@ -305,9 +298,6 @@ def test_replan_killed_between_sbatch_and_record_adopts_the_orphan(
     one_slurm_job_each(store_tag(state_dir), since, ids)
 
 
-@pytest.mark.xfail(strict=True, raises=DuplicateSubmission,
-                   reason="submit_new (slurmhet/submission.py) dispatches stored unplaced jobs without adopting "
-                   "tagged orphans first, so a submit after a crashed replan submits the orphan's job again")
 def test_submit_after_a_killed_replan_does_not_resubmit_the_orphan(
         tmp_path: Path, state_dir: Path, since: datetime, leftovers: list[str]) -> None:
     ids, orphan, owner = _killed_between_sbatch_and_record(tmp_path, state_dir, since)
