@@ -89,12 +89,16 @@ def gpu_shapes(allocation: Allocation, weights: Sequence[float]) -> tuple[list[G
 
 
 def requests_for(job_id: int, spec: JobSpec, job_plan: JobPlan, profile: SiteProfile, settings: EmitSettings, *,
-                 copies: Sequence[Allocation] = (), round: int = 0) -> list[Part]:
-    """The parts that run ``job_plan`` (``copies``: HadarE's forked copies this round, one allocation each)."""
+                 copies: Sequence[Allocation] = (), round: int = 0, round_steps: Sequence[int] = ()) -> list[Part]:
+    """The parts that run ``job_plan`` (``copies``: HadarE's forked copies this round, one allocation each;
+    ``round_steps``: each copy's share of the round's steps, exported as ``SLURMHET_ROUND_STEPS``)."""
     launch = Launch(program=spec.command, launcher=settings.launcher, env=_spec_env(spec, settings))
     common = _common(job_id, spec, settings, profile=profile)
     if len(copies) > 1:
-        return _forked(job_id, spec, launch, common, copies, profile, settings, round)
+        if round_steps and len(round_steps) != len(copies):
+            raise InputError(f"{len(round_steps)} round step counts for {len(copies)} copies", place=f"job {job_id}",
+                             hint="one step count per copy")
+        return _forked(job_id, spec, launch, common, copies, profile, settings, round, tuple(round_steps))
     if job_plan.allocation is None or not job_plan.allocation.slots:
         raise InputError(f"job {spec.name!r} has no allocation in this plan", place=f"job {job_id}",
                          hint=job_plan.wait_reason or "it waits for the next round")
@@ -107,24 +111,27 @@ def requests_for(job_id: int, spec: JobSpec, job_plan: JobPlan, profile: SitePro
 
 
 def _forked(job_id: int, spec: JobSpec, launch: Launch, common: Common, copies: Sequence[Allocation],
-            profile: SiteProfile, settings: EmitSettings, round: int) -> list[Part]:
+            profile: SiteProfile, settings: EmitSettings, round: int,
+            round_steps: tuple[int, ...] = ()) -> list[Part]:
     if not spec.checkpoint_dir:
         raise InputError(f"job {spec.name!r} is forked but has no checkpoint_dir to consolidate in",
                          place=spec.place("checkpoint_dir") or f"job {job_id}", hint="set checkpoint_dir")
-    groups: dict[tuple[str, int], list[str]] = defaultdict(list)
-    for copy in copies:
+    # One array per copy shape and step share: an array's tasks share one SLURMHET_ROUND_STEPS.
+    groups: dict[tuple[str, int, int | None], list[str]] = defaultdict(list)
+    for i, copy in enumerate(copies):
         if len(copy.slots) != 1:
             raise InputError(f"a forked copy of job {spec.name!r} spans {len(copy.slots)} node/type slots",
                              place=f"job {job_id}", hint="each copy is a gang on one node of one type")
         node, gpu_type, count = copy.slots[0]
-        groups[(gpu_type, count)].append(node)
+        groups[(gpu_type, count, round_steps[i] if round_steps else None)].append(node)
     parts: list[Part] = []
     first = 0
-    for (gpu_type, count), nodes in groups.items():
+    for (gpu_type, count, steps), nodes in groups.items():
         # One array per copy shape; pin nodes only when all its copies share one (per-task nodelists do not exist).
         pinned = tuple(sorted(set(nodes))) if len(set(nodes)) == 1 else ()
         request = ArrayRequest(common, launch, GpuShape(gpu_type, count, 1, pinned), ArrayChunk(first, len(nodes)),
-                               throttle=len(nodes), round=round, gpu_request_style=profile.gpu_request_style)
+                               throttle=len(nodes), round=round, gpu_request_style=profile.gpu_request_style,
+                               plan_env=(("SLURMHET_ROUND_STEPS", str(steps)),) if steps is not None else ())
         parts += [Part(chunk) for chunk in request.chunks(profile.max_array_size)]
         first += len(nodes)
     consolidation = ConsolidationRequest(common, settings.slurmhet, spec.checkpoint_dir, tuple(range(first)),

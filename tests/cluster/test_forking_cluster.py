@@ -1,0 +1,101 @@
+"""HadarE on the real dev cluster: `slurmhet submit` forks a local-SGD job into copies on idle nodes,
+the copies consolidate, `slurmhet replan` plans the next round, and the job ends with all its steps.
+
+The cluster may be shared: the test asserts on what the plan decided (forked or not), not on idleness.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from slurmhet.runtime.checkpoint import CONSOLIDATED_NAME, load_checkpoint
+from slurmhet.runtime.progress import job_steps, read_progress
+from tests.cluster.helpers import accounting, cli, status
+
+pytestmark = pytest.mark.usefixtures("slurm_cluster")
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN = str(REPO / "examples" / "train.py")
+STEPS = 120
+#: 2 s rounds at 1600 + 800 + 400 emulated samples/s and 64 per step: about 87 steps, so two rounds at least.
+ROUND_S = "2"
+FINAL = ("COMPLETED", "FAILED", "CANCELLED")
+
+
+def _spec(path: Path, checkpoint_dir: Path) -> Path:
+    command = [sys.executable, TRAIN, "--steps", str(STEPS), "--global-batch", "64", "--dataset-size", "1024"]
+    path.write_text(textwrap.dedent(f"""\
+        jobs:
+          - name: forked-mlp
+            command: {json.dumps(command)}
+            workload: {{model: mlp-small, batch_size: 64}}
+            global_batch: 64
+            model_size_mb: 0.01
+            sync: local-sgd
+            work: {{steps: {STEPS}}}
+            gpus: {{min: 1, max: 1}}
+            checkpoint_dir: {json.dumps(str(checkpoint_dir))}
+            time_limit: 5
+        """))
+    return path
+
+
+def test_local_sgd_job_forks_consolidates_and_finishes_over_rounds(tmp_path: Path, state_dir: Path) -> None:
+    env = {"SLURMHET_EMULATE_THROUGHPUT": "1", "SLURMHET_FORK_ROUND_S": ROUND_S,
+           "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    checkpoints = tmp_path / "ckpt"
+    checkpoints.mkdir()
+    spec = _spec(tmp_path / "fork.yaml", checkpoints)
+    out = json.loads(cli("submit", "--json", str(spec), state=state_dir, env=env).stdout)["jobs"][0]
+    assert out["state"] == "SUBMITTED", out
+    job_id = out["job_id"]
+    first = status(state_dir, env=env)[job_id]["slurm"]
+    forked = any(p["role"] == "array" for p in first)
+    if forked:
+        copies = [p for p in first if p["role"] == "array"]
+        assert len(copies) >= 2 and [p["role"] for p in first].count("consolidation") == 1
+        assert len({p["nodes"] for p in copies if p["nodes"]}) == len(copies)  # one copy per node
+        assert out["allocation"].count("@") == len(copies)
+
+    # cron's part: replan until the job's steps are all done (consolidations also replan on their own).
+    progress = state_dir / "progress"
+    deadline = time.monotonic() + 110
+    events: list[str] = []
+    while True:
+        result = json.loads(cli("replan", "--once", "--json", state=state_dir, env=env).stdout)
+        events += result["events"] + result["actions"]
+        row = status(state_dir, env=env)[job_id]
+        done = job_steps(read_progress(progress)).get(str(job_id), 0)
+        if row["state"] in FINAL and all(p["state"] in FINAL for p in row["slurm"]) and done >= STEPS:
+            break
+        assert row["state"] not in ("FAILED", "CANCELLED"), row
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job_id} not done: {done} steps, {row}, events {events}")
+        time.sleep(1.0)
+
+    assert row["state"] == "COMPLETED", row
+    assert done == STEPS  # aggregated over the copies of every round, no more and no less
+    parts = row["slurm"]
+    arrays = [p for p in parts if p["role"] == "array"]
+    if forked:
+        consolidations = [p for p in parts if p["role"] == "consolidation"]
+        later = parts[[p["id"] for p in parts].index(consolidations[0]["id"]) + 1:]
+        # Round 0 consolidated, then replan dispatched the rest: forked again, or one gang when the cluster is busy.
+        assert later and {p["role"] for p in later} in ({"array", "consolidation"}, {"batch"}), parts
+        assert len(consolidations) >= 2 or [p["role"] for p in later] == ["batch"], parts
+        assert load_checkpoint(checkpoints / CONSOLIDATED_NAME).steps == STEPS or \
+            len([p for p in parts if p["role"] == "batch"]) == 1  # the last round may run unforked
+        records = [r for r in accounting(sorted({p["id"] for p in arrays})) if not r.id.is_step]
+        assert {r.state for r in records} == {"COMPLETED"}
+        assert len([r for r in records if r.id.array_task is not None]) == len(arrays)  # arrays in sacct
+        replan_again = json.loads(cli("replan", "--once", "--json", state=state_dir, env=env).stdout)
+        assert not [a for a in replan_again["actions"] if f"job {job_id}" in a]  # idempotent: nothing more
+    else:
+        assert not arrays  # the cluster was busy: the plan ran the job as one gang
