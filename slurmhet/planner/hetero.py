@@ -11,8 +11,9 @@ is convex in the throughput it receives, so
    and several);
 2. exchange moves (take/release, transfer between two jobs, trade g GPUs of
    one type for h of another between two jobs) run until no move improves; thanks to separability a
-   move's effect is the sum of two per-job deltas, so the best move is found
-   with a few small array reductions;
+   move's effect is the sum of two per-job deltas, so the best pair move is
+   found from each side's two best jobs per (type, size) key: O(J) per key,
+   not a J x J table (which took most of a 2,048-job decision);
 3. a packer places the counts on nodes, putting jobs that gain from a single
    node (comm-heavy ones first) on one node by best fit. Jobs that wanted one
    node but did not fit are re-costed with the inter-node link and the search
@@ -29,13 +30,86 @@ import numpy as np
 from slurmhet.planner.model import Progress
 from slurmhet.planner.problem import Problem, pack
 
-#: Bulk sizes tried by the greedy start and by the exchange moves.
+#: Bulk sizes tried by the greedy start and by the exchange moves (ascending).
 BULK = (1, 2, 3, 4, 5, 6, 8)
-#: Sizes of the two sides of a trade (job i gives g of type t for h of type u; job j the reverse).
+#: Sizes of the two sides of a trade (job i gives g of type t for h of type u; job j the reverse), ascending.
 TRADE = (1, 2, 3)
 #: Re-search rounds after packing failures.
 PACK_ROUNDS = 4
 _TOL = 1e-9
+_BULK = np.array(BULK)
+#: Pair tables of up to this many cells (128 KiB of floats) are built whole: for a handful of jobs that is
+#: cheaper than the column scans, whose numpy calls cost more than the table.
+_TABLE_CELLS = 16_384
+
+
+def best_pair(give: np.ndarray, take: np.ndarray, below: float,
+              take_keys: np.ndarray | None = None) -> tuple[float, int, int, int] | None:
+    """The best pair move ``(value, i, j, k)``: job ``i`` does ``give[i, k]``, job ``j != i`` does ``take[j, k]``.
+
+    ``value`` is the smallest ``give[i, k] + take[j, k]`` and ``(i, j, k)`` its
+    first position in ``(i, j, k)`` order, exactly what ``argmin`` over the
+    J x J x K table gives; None unless ``value < below``. ``take_keys`` reads
+    column ``k`` of the taking side from column ``take_keys[k]`` of ``take``
+    (a trade's partner does the reverse trade, so both sides are one array).
+    Small tables are built whole; beyond that the columns are scanned in
+    O(J K) instead of O(J^2 K) time and memory.
+    """
+    jobs, keys = give.shape
+    if jobs * jobs * keys <= _TABLE_CELLS:
+        return _pair_by_table(give, take if take_keys is None else take[:, take_keys], below)
+    return _pair_by_columns(give, take, below, take_keys)
+
+
+def _pair_by_table(give: np.ndarray, take: np.ndarray, below: float) -> tuple[float, int, int, int] | None:
+    """:func:`best_pair` by its definition: the whole J x J x K table, the diagonal (``i == j``) excluded."""
+    jobs, keys = give.shape
+    table = give[:, None, :] + take[None, :, :]
+    table[np.arange(jobs), np.arange(jobs)] = np.inf
+    flat = int(np.argmin(table))
+    value = float(table.flat[flat])
+    if not value < below:
+        return None
+    i, rest = divmod(flat, jobs * keys)
+    j, k = divmod(rest, keys)
+    return value, i, j, k
+
+
+def _pair_by_columns(give: np.ndarray, take: np.ndarray, below: float,
+                     take_keys: np.ndarray | None) -> tuple[float, int, int, int] | None:
+    """Rounded addition is monotone, so column ``k``'s best pair joins the two sides' minima or, when one job
+    holds both, a minimum with the other side's runner-up. Only the columns reaching the overall minimum are
+    then scanned for the first ``i``, and for that ``i`` the first ``(j, k)``."""
+    give_row, give_low, give_other = stats = _two_smallest(give)
+    take_row, take_low, take_other = stats if take is give else _two_smallest(take)
+    if take_keys is not None:
+        take_row, take_low, take_other = take_row[take_keys], take_low[take_keys], take_other[take_keys]
+    per_key = np.minimum(give_low + np.where(give_row == take_row, take_other, take_low), give_other + take_low)
+    value = float(per_key.min())
+    if not value < below:
+        return None
+    keys = np.flatnonzero(per_key == value)
+    partner = np.where(np.arange(len(give))[:, None] == take_row[keys], take_other[keys], take_low[keys])
+    i = int(np.argmax((give[:, keys] + partner == value).any(axis=1)))
+    keys = np.flatnonzero(give[i] + np.where(take_row == i, take_other, take_low) == value)
+    sums = give[i, keys] + take[:, keys if take_keys is None else take_keys[keys]]
+    sums[i] = np.inf
+    hits = sums == value
+    j = int(np.argmax(hits.any(axis=1)))
+    return value, i, j, int(keys[np.argmax(hits[j])])
+
+
+def _two_smallest(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per column of ``a``: the first row holding the minimum, the minimum, and the minimum of the other rows."""
+    column = np.arange(a.shape[1])
+    row = np.argmin(a, axis=0)
+    low = a[row, column]
+    a[row, column] = np.inf  # masked in place and restored: a fresh J x K copy costs page faults on every call
+    try:
+        other = a.min(axis=0)
+    finally:
+        a[row, column] = low
+    return row, low, other
 
 
 class _Search:
@@ -51,6 +125,8 @@ class _Search:
         self.plus = np.full((jobs, types, len(BULK)), np.inf)
         self.minus = np.full((jobs, types, len(BULK)), np.inf)
         self.trade = np.full((jobs, types, len(TRADE), types, len(TRADE)), np.inf)
+        #: Flat trade key of the reverse trade: (t, g, u, h) -> (u, h, t, g).
+        self._reverse = np.arange(self.trade[0].size).reshape(self.trade.shape[1:]).transpose(2, 3, 0, 1).ravel()
 
     def cost(self, j: int, x: tuple[int, ...]) -> float:
         memo = self._memo[j]
@@ -112,52 +188,74 @@ class _Search:
     # -------------------------------------------------------------- exchange moves
 
     def refresh(self, j: int) -> None:
+        """Recompute job ``j``'s move deltas after its counts changed.
+
+        Moves that leave the job's GPU limits or allowed types stay ``inf``
+        without a cost call (most of them when ``min_gpus == max_gpus``); the
+        job holds GPUs of allowed types only, and the loops stop early because
+        ``BULK`` and ``TRADE`` are ascending.
+        """
         x = self.x[j].tolist()
         base = self.cost(j, tuple(x))
-        types = len(x)
-        inf = np.inf
-        for t in range(types):
+        total, lo, hi = sum(x), int(self.p.lo[j]), int(self.p.hi[j])
+        allowed = np.flatnonzero(self.p.allowed[j]).tolist()
+        self.plus[j] = np.inf
+        self.minus[j] = np.inf
+        self.trade[j] = np.inf
+        for t in allowed:
             for b, g in enumerate(BULK):
+                if total + g > hi:
+                    break
                 y = list(x)
                 y[t] += g
                 self.plus[j, t, b] = self.cost(j, tuple(y)) - base
-                y[t] -= 2 * g
-                self.minus[j, t, b] = self.cost(j, tuple(y)) - base if y[t] >= 0 else inf
+            for b, g in enumerate(BULK):
+                if g > x[t] or total - g < lo:
+                    break
+                y = list(x)
+                y[t] -= g
+                self.minus[j, t, b] = self.cost(j, tuple(y)) - base
             for a, g in enumerate(TRADE):
-                for u in range(types):
+                if g > x[t]:
+                    break
+                for u in allowed:
+                    if u == t:
+                        continue
                     for b, h in enumerate(TRADE):
-                        if u != t and x[t] >= g:
+                        if total - g + h > hi:
+                            break
+                        if total - g + h >= lo:
                             y = list(x)
                             y[t] -= g
                             y[u] += h
                             self.trade[j, t, a, u, b] = self.cost(j, tuple(y)) - base
-                        else:
-                            self.trade[j, t, a, u, b] = inf
 
     def best_move(self) -> tuple[float, tuple]:
-        """The most improving single move, found with whole-array reductions (costs are separable)."""
-        jobs = len(self.x)
+        """The most improving single move and its delta; ``(0.0, ())`` when none improves.
+
+        Ties go to the first move in the order take, release, move, trade and,
+        within a kind, to the smallest ``(i, j, type, size...)`` index, so the
+        search is deterministic. Pair moves cost O(J) per (type, size) key via
+        :func:`best_pair`.
+        """
         best: tuple[float, tuple] = (0.0, ())
-        bulk = np.array(BULK)
-        take = np.where(bulk[None, None, :] <= self.free[None, :, None], self.plus, np.inf)
+        jobs = len(self.plus)
+        take = np.where(_BULK[None, None, :] <= self.free[None, :, None], self.plus, np.inf)
         for kind, delta in (("take", take), ("release", self.minus)):
             j, t, b = np.unravel_index(int(np.argmin(delta)), delta.shape)
             if delta[j, t, b] < best[0]:
                 best = (float(delta[j, t, b]), (kind, int(j), int(t), BULK[b]))
-        if jobs < 2:
-            return best
-        diagonal = np.eye(jobs, dtype=bool)
-        pair = self.minus[:, None] + self.plus[None, :]  # i gives g of t to j
-        pair[diagonal] = np.inf
-        i, j, t, b = np.unravel_index(int(np.argmin(pair)), pair.shape)
-        if pair[i, j, t, b] < best[0]:
-            best = (float(pair[i, j, t, b]), ("move", int(i), int(j), int(t), BULK[b]))
-        back = np.transpose(self.trade, (0, 3, 4, 1, 2))  # j gives h of u, receives g of t
-        pair = self.trade[:, None] + back[None, :]
-        pair[diagonal] = np.inf
-        i, j, t, a, u, b = np.unravel_index(int(np.argmin(pair)), pair.shape)
-        if pair[i, j, t, a, u, b] < best[0]:
-            best = (float(pair[i, j, t, a, u, b]), ("trade", int(i), int(j), int(t), TRADE[a], int(u), TRADE[b]))
+        found = best_pair(self.minus.reshape(jobs, -1), self.plus.reshape(jobs, -1), best[0])  # i gives g of t to j
+        if found:
+            value, i, j, key = found
+            t, b = np.unravel_index(key, self.plus.shape[1:])
+            best = (value, ("move", i, j, int(t), BULK[b]))
+        trade = self.trade.reshape(jobs, -1)  # i gives g of t for h of u; j does the reverse trade
+        found = best_pair(trade, trade, best[0], self._reverse)
+        if found:
+            value, i, j, key = found
+            t, a, u, b = np.unravel_index(key, self.trade.shape[1:])
+            best = (value, ("trade", i, j, int(t), TRADE[a], int(u), TRADE[b]))
         return best
 
     def exchange(self, limit: int = 10_000) -> None:

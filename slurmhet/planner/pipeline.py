@@ -16,6 +16,7 @@ A policy is an *allocator* (``Problem -> per-job node slots``) wrapped by
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import Callable
 
@@ -205,9 +206,12 @@ def _list_schedule(waiting: list[PlanJob], plans: dict[str, JobPlan], rates: dic
     one at a time while that shortens its run (the node placement is decided
     when it actually starts, at a later replan).
     """
-    events = sorted(((p.finish_s, p.allocation.by_type()) for p in plans.values() if p.allocation), key=lambda e: e[0])
+    # A heap of (finish, sequence, GPUs by type): the sequence number keeps equal finish times in insertion order.
+    events = [(p.finish_s, n, p.allocation.by_type()) for n, p in enumerate(plans.values()) if p.allocation]
+    heapq.heapify(events)
+    sequence = len(plans)
     busy = np.zeros(len(types), dtype=int)
-    for _, by_type in events:
+    for _, _, by_type in events:
         for t, c in by_type.items():
             busy[types.index(t)] += c
     clock, out = inp.now, []
@@ -217,8 +221,9 @@ def _list_schedule(waiting: list[PlanJob], plans: dict[str, JobPlan], rates: dic
             take = _min_counts(job, rates[job.id], types, total - busy)
             if take is not None or not events:
                 break
-            clock = max(clock, events[0][0])
-            for t, c in events.pop(0)[1].items():
+            finish, _, by_type = heapq.heappop(events)
+            clock = max(clock, finish)
+            for t, c in by_type.items():
                 busy[types.index(t)] -= c
         if take is None:
             raise AssertionError(f"job {job.id!r} can never start")  # excluded by the min_gpus check above
@@ -231,8 +236,8 @@ def _list_schedule(waiting: list[PlanJob], plans: dict[str, JobPlan], rates: dic
         out.append(plan)
         order += 1
         busy += take
-        events.append((plan.finish_s, {types[i]: int(c) for i, c in enumerate(take) if c}))
-        events.sort(key=lambda e: e[0])
+        heapq.heappush(events, (plan.finish_s, sequence, {types[i]: int(c) for i, c in enumerate(take) if c}))
+        sequence += 1
     return out
 
 

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from slurmhet.cluster import Inventory, Node
-from slurmhet.planner import POLICIES, Plan, PlanJob, PlanningInput
+from slurmhet.planner import POLICIES, Plan, PlanJob, PlanningInput, hetero
 from slurmhet.planner.has import categories, category_count, market, unrank_category
 from slurmhet.planner.pipeline import build_problem
 from slurmhet.throughput import ThroughputTable
@@ -148,3 +149,86 @@ def test_running_jobs_stay_pinned() -> None:
     plan = POLICIES["slurmhet"](PlanningInput((running, new), inv, TABLE))
     assert plan.job("r").allocation == running.current
     assert plan.job("p").allocation.by_type() == {"t4": 2}
+
+
+def crowded_instance(seed: int) -> PlanningInput:
+    """8-14 jobs, some identical (tied moves), on 24 GPUs of three types: enough for transfers and trades."""
+    rng = random.Random(seed)
+    nodes = tuple(Node(f"n{i}", {t: 4}) for i, t in enumerate(("v100", "p100", "t4") * 2))
+    jobs: list[PlanJob] = []
+    for i in range(rng.randint(8, 14)):
+        if jobs and rng.random() < 0.3:
+            jobs.append(replace(jobs[-1], id=f"j{i}"))
+            continue
+        lo = rng.randint(1, 2)
+        jobs.append(PlanJob(f"j{i}", rng.choice(list(MODELS)), rng.uniform(1e5, 1e6), 32,
+                            model_size_mb=rng.choice([0.0, 200.0, 800.0]), samples_per_sync=rng.choice([1e4, 1e5]),
+                            min_gpus=lo, max_gpus=rng.randint(lo, 6),
+                            allowed_types=tuple(rng.sample(["v100", "p100", "t4"], rng.randint(2, 3)))))
+    return PlanningInput(tuple(jobs), Inventory(nodes, 10.0, 1.0), TABLE)
+
+
+def full_table_pair(give: np.ndarray, take: np.ndarray, below: float) -> tuple[float, int, int, int] | None:
+    """The J x J x K table of every pair ``i != j``, and its first minimum."""
+    table = give[:, None, :] + take[None, :, :]
+    table[np.arange(len(give)), np.arange(len(give))] = np.inf
+    i, j, k = np.unravel_index(int(np.argmin(table)), table.shape)
+    return (float(table[i, j, k]), int(i), int(j), int(k)) if table[i, j, k] < below else None
+
+
+def full_table_move(search: hetero._Search) -> tuple[float, tuple]:
+    """What ``_Search.best_move`` must return, with every pair move in one J x J table (the former search)."""
+    best: tuple[float, tuple] = (0.0, ())
+    take = np.where(np.array(hetero.BULK)[None, None, :] <= search.free[None, :, None], search.plus, np.inf)
+    for kind, delta in (("take", take), ("release", search.minus)):
+        j, t, b = np.unravel_index(int(np.argmin(delta)), delta.shape)
+        if delta[j, t, b] < best[0]:
+            best = (float(delta[j, t, b]), (kind, int(j), int(t), hetero.BULK[b]))
+    pair = search.minus[:, None] + search.plus[None, :]
+    pair[np.eye(len(search.x), dtype=bool)] = np.inf
+    i, j, t, b = np.unravel_index(int(np.argmin(pair)), pair.shape)
+    if pair[i, j, t, b] < best[0]:
+        best = (float(pair[i, j, t, b]), ("move", int(i), int(j), int(t), hetero.BULK[b]))
+    pair = search.trade[:, None] + np.transpose(search.trade, (0, 3, 4, 1, 2))[None, :]
+    pair[np.eye(len(search.x), dtype=bool)] = np.inf
+    i, j, t, a, u, b = np.unravel_index(int(np.argmin(pair)), pair.shape)
+    if pair[i, j, t, a, u, b] < best[0]:
+        best = (float(pair[i, j, t, a, u, b]),
+                ("trade", int(i), int(j), int(t), hetero.TRADE[a], int(u), hetero.TRADE[b]))
+    return best
+
+
+@pytest.mark.parametrize("table_cells", [0, hetero._TABLE_CELLS])
+@pytest.mark.parametrize("seed", range(5))
+def test_fast_move_search_matches_the_full_pair_table(seed: int, table_cells: int,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every move of a whole slurmhet run, by the column scans (0 cells) and by small tables, as a J x J search."""
+    monkeypatch.setattr(hetero, "_TABLE_CELLS", table_cells)
+    fast = hetero._Search.best_move
+    moves = []
+
+    def checked(search: hetero._Search) -> tuple[float, tuple]:
+        move = fast(search)
+        assert move == full_table_move(search)
+        moves.append(move[1][0] if move[1] else "none")
+        return move
+
+    monkeypatch.setattr(hetero._Search, "best_move", checked)
+    hetero.allocate(build_problem(crowded_instance(seed)))
+    assert {"move", "trade"} & set(moves)
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_best_pair_matches_the_full_table_with_ties_and_infeasible_moves(seed: int,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(seed)
+    jobs, keys = int(rng.integers(2, 30)), int(rng.integers(1, 20))
+    # Few distinct values give exact ties; -1e17 absorbs small addends, so sums also tie by rounding.
+    values = np.array([-1e17, -3.0, -1.0, -0.1, 0.0, 0.2, 1.0, np.inf])
+    give, take = (rng.choice(values, size=(jobs, keys), p=[.1, .1, .1, .1, .1, .1, .1, .3]) for _ in range(2))
+    reverse = rng.permutation(keys)
+    for table_cells in (0, 1 << 30):
+        monkeypatch.setattr(hetero, "_TABLE_CELLS", table_cells)
+        for below in (0.0, 2.0):
+            assert hetero.best_pair(give, take, below) == full_table_pair(give, take, below)
+            assert hetero.best_pair(give, give, below, reverse) == full_table_pair(give, give[:, reverse], below)
