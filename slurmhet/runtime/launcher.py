@@ -56,6 +56,8 @@ FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR
 LOOPBACK = "127.0.0.1"
 MASTER_PORT_BASE = 20000
 MASTER_PORT_SPAN = 20000
+#: Exit statuses of a run that had already checkpointed and stopped: clean, or killed by Slurm's requeue.
+_STOP_KILL_STATUSES = frozenset({0, 128 + signal.SIGTERM, 128 + signal.SIGKILL})
 #: Tolerance on the sum of the planned shard weights (the plan prints rounded decimals).
 WEIGHT_SUM_TOLERANCE = 1e-3
 
@@ -327,9 +329,15 @@ def launch(argv: list[str], env: Mapping[str, str] | None = None) -> int:
             signal.signal(s, handler)
 
     last = read_record(rank_env.progress_file) or _initial_record(rank_env, emulation_enabled(base_env))
-    state = last.state if last.state in ("preempted", "timeout", "done") and status == 0 else (
-        "done" if status == 0 else "failed")
-    write_progress(rank_env.progress_file, replace(last, state=state, exit_code=status, updated_at=time.time()))
+    stopped_on_purpose = last.state in ("preempted", "timeout") and status in _STOP_KILL_STATUSES
+    if stopped_on_purpose:
+        # The run checkpointed and asked for a requeue; Slurm's requeue then kills it (143): not a failure.
+        state, code = last.state, 0
+    else:
+        state = last.state if last.state in ("preempted", "timeout", "done") and status == 0 else (
+            "done" if status == 0 else "failed")
+        code = status
+    write_progress(rank_env.progress_file, replace(last, state=state, exit_code=code, updated_at=time.time()))
     if status != 0:
         print(f"slurmhet run: rank {rank_env.rank} command exited with status {status}", file=sys.stderr)
     return status

@@ -349,8 +349,9 @@ def test_signal_checkpoints_then_ends_on_timeout_or_requeues_on_preemption(tmp_p
     assert f"stopping after step {preempted_at}: preempted; requeued" in log
     assert record is not None
     assert (record.state, record.steps_done, record.exit_code) == ("preempted", preempted_at, 0)
-    log = p_log.read_text()  # the second run's output replaced the first's
-    (run,) = summaries(log)
+    log = p_log.read_text()  # --open-mode=append: the requeued run's output follows the first run's
+    first, run = summaries(log)
+    assert first["state"] == "preempted" and f"stopping after step {preempted_at}: preempted; requeued" in log
     assert f"resuming from {p_ckpt / 'checkpoint.pt'} at step {preempted_at}" in log
     assert (run["start_steps"], run["steps"], run["state"]) == (preempted_at, p_steps, "done")
     assert load_checkpoint(p_ckpt / "checkpoint.pt").steps == p_steps

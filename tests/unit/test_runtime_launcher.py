@@ -194,3 +194,23 @@ def test_launch_forwards_sigusr2_to_the_child(tmp_path: Path) -> None:
     assert got.read_text() == str(int(signal.SIGUSR2))
     [record] = read_progress(tmp_path / "progress")
     assert record.state == "done"
+
+
+@pytest.mark.parametrize(("exit_how", "state", "code"), [
+    ("os.kill(os.getpid(), signal.SIGTERM)", "preempted", 0),  # killed by Slurm's requeue after checkpointing
+    ("raise SystemExit(3)", "failed", 3),  # a real failure after the stop is still a failure
+])
+def test_a_run_killed_after_it_checkpointed_stays_preempted(tmp_path: Path, exit_how: str, state: str,
+                                                           code: int) -> None:
+    env = _local_env(tmp_path)
+    record = tmp_path / "progress" / "31.9100.0.json"
+    child = (
+        "import json, os, signal, time\n"
+        f"path = {str(record)!r}\n"
+        "data = json.load(open(path)); data.update(state='preempted', steps_done=7)\n"
+        "json.dump(data, open(path, 'w'))\n"
+        f"{exit_how}\n"
+    )
+    launch(["--", sys.executable, "-c", child], env)
+    [stored] = read_progress(tmp_path / "progress")
+    assert (stored.state, stored.steps_done, stored.exit_code) == (state, 7, code)
