@@ -11,7 +11,7 @@ were submitted but not recorded instead of submitting them again.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Sequence
@@ -295,4 +295,4 @@ class Replanner:
         done = steps.get(str(job.id), 0) * base.spec.global_batch
         if done >= base.spec.total_samples:
             return None
-        return Candidate(base.job_id, base.spec, base.submitted_at, base.current, float(done), base.owner)
+        return replace(base, samples_done=float(done))

@@ -117,6 +117,8 @@ class Candidate:
     current: Allocation | None = None
     samples_done: float = 0.0
     owner: str = ""
+    #: The Slurm pack job this job shares a GPU in: its members hold that GPU once, not once each.
+    pack: str | None = None
 
 
 def stored_allocation(job: Job) -> Allocation | None:
@@ -127,7 +129,9 @@ def stored_allocation(job: Job) -> Allocation | None:
 def candidate_of(job: Job, samples_done: float = 0.0) -> Candidate:
     spec = parse_job(job.spec, f"store:job {job.id}")
     current = stored_allocation(job) if job.state in PLACED else None
-    return Candidate(job.id, spec, job.created_at.timestamp(), current, samples_done, job.owner)
+    packs = [p.slurm_job_id for p in job.slurm_jobs if p.role == "pack"]
+    return Candidate(job.id, spec, job.created_at.timestamp(), current, samples_done, job.owner,
+                     packs[-1] if packs and current is not None else None)
 
 
 def unplaceable(candidates: Sequence[Candidate], inventory: Inventory) -> dict[int, str]:
@@ -157,6 +161,12 @@ def plan_for(candidates: Sequence[Candidate], inventory: Inventory, table: Throu
     # A job still running on a drained node holds no GPU the planner could hand out: leave it out.
     candidates = [c for c in candidates if c.job_id not in waiting and
                   (c.current is None or all(n in nodes for n, _, _ in c.current.slots))]
+    # Members of a running MPS pack share one GPU: pin it once, through the first member.
+    first_of_pack: dict[str, int] = {}
+    for c in candidates:
+        if c.pack is not None:
+            first_of_pack.setdefault(c.pack, c.job_id)
+    candidates = [c for c in candidates if c.pack is None or first_of_pack[c.pack] == c.job_id]
     jobs = tuple(plan_job_from_spec(str(c.job_id), c.spec, c.submitted_at, samples_done=c.samples_done,
                                     current=c.current) for c in candidates)
     try:

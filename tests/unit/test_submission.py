@@ -1,0 +1,33 @@
+"""Planning over stored jobs: pinned packs, drained types (pure parts of slurmhet.submission)."""
+
+from __future__ import annotations
+
+from slurmhet.cluster import Inventory, Node
+from slurmhet.planner import Allocation
+from slurmhet.spec import load_text
+from slurmhet.submission import Candidate, plan_for, unplaceable
+from slurmhet.throughput import ThroughputTable
+
+SPEC = load_text("name: a\ncommand: [x]\nworkload: {model: ResNet-18, batch_size: 64}\nwork: {steps: 50}\n"
+                 "gpus: {types: [t4]}\n", "f.yaml")[0]
+TABLE = ThroughputTable.from_rates({"ResNet-18 (batch size 64)": {"t4": 100.0, "k80": 40.0}})
+
+
+def test_running_pack_members_hold_their_gpu_once() -> None:
+    inventory = Inventory((Node("nodeb", {"t4": 1}),))
+    gpu = Allocation((("nodeb", "t4", 1),))
+    members = [Candidate(1, SPEC, 0.0, gpu, pack="55"), Candidate(2, SPEC, 0.0, gpu, pack="55")]
+    plan = plan_for([*members, Candidate(3, SPEC, 0.0)], inventory, TABLE, "slurmhet", now=0.0)
+    assert plan.job("1").allocation == gpu
+    assert plan.job("3").allocation is None and plan.job("3").wait_reason  # the one GPU is taken, once
+    assert {jp.job_id for jp in plan.jobs} == {"1", "3"}
+
+
+def test_jobs_whose_types_are_all_drained_wait_instead_of_failing_the_plan() -> None:
+    inventory = Inventory((Node("nodeb", {"t4": 2}, state="drained"), Node("nodec", {"k80": 2})))
+    other = load_text("name: b\ncommand: [x]\nworkload: {model: ResNet-18, batch_size: 64}\nwork: {steps: 50}\n",
+                      "g.yaml")[0]
+    candidates = [Candidate(1, SPEC, 0.0), Candidate(2, other, 0.0)]
+    assert "have 0 usable GPU(s)" in unplaceable(candidates, inventory)[1]
+    plan = plan_for(candidates, inventory, TABLE, "slurmhet", now=0.0)
+    assert plan.job("2").allocation is not None and {jp.job_id for jp in plan.jobs} == {"2"}
