@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any
@@ -56,3 +57,22 @@ def accounting(slurm_ids: list[str], timeout: float = 60) -> list[AccountingReco
         if time.monotonic() > deadline:
             raise AssertionError(f"sacct has no final rows for {slurm_ids}: {records}")
         time.sleep(1.0)
+
+
+ANY_ONE = "{min: 1, max: 1}"
+
+
+def job(name: str, command: list[str], gpus: str = ANY_ONE, extra: str = "") -> str:
+    """One job of a spec file: a ResNet-18 workload (in the dev cluster's table) running ``command``."""
+    return textwrap.dedent(f"""\
+        - name: {json.dumps(name)}
+          command: {json.dumps(command)}
+          workload: {{model: ResNet-18, batch_size: 64}}
+          work: {{steps: 10}}
+          gpus: {gpus}
+        """) + textwrap.indent(extra, "  ")
+
+
+def write(path: Path, *jobs: str) -> Path:
+    path.write_text("jobs:\n" + textwrap.indent("".join(jobs), "  "))
+    return path

@@ -22,30 +22,10 @@ from typing import Any, Iterable
 
 from slurmhet.slurm.client import SlurmCli
 from slurmhet.slurm.runner import SubprocessRunner
-from tests.cluster.helpers import SLURMHET, cli
+from tests.cluster.helpers import ANY_ONE, SLURMHET, cli, job, write
 
 REPO = Path(__file__).resolve().parents[2]
 SLURM = SlurmCli(SubprocessRunner())
-ANY_ONE = "{min: 1, max: 1}"
-
-# --------------------------------------------------------------------------- specs
-
-
-def job(name: str, command: list[str], gpus: str = ANY_ONE, extra: str = "") -> str:
-    return textwrap.dedent(f"""\
-        - name: {json.dumps(name)}
-          command: {json.dumps(command)}
-          workload: {{model: ResNet-18, batch_size: 64}}
-          work: {{steps: 10}}
-          gpus: {gpus}
-        """) + textwrap.indent(extra, "  ")
-
-
-def write(path: Path, *jobs: str) -> Path:
-    path.write_text("jobs:\n" + textwrap.indent("".join(jobs), "  "))
-    return path
-
-
 def submit(state: Path, spec: Path, check: bool = True, **kw: Any) -> list[dict[str, Any]]:
     proc = cli("submit", "--json", str(spec), state=state, check=check, **kw)
     return json.loads(proc.stdout)["jobs"]

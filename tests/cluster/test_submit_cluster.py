@@ -4,33 +4,17 @@ from __future__ import annotations
 
 import json
 import shutil
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from tests.cluster.helpers import accounting, cli, status, wait_for
+from tests.cluster.helpers import accounting, cli, job, status, wait_for, write
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster")
 
 
-def _job(name: str, command: list[str], gpus: str, extra: str = "") -> str:
-    return textwrap.dedent(f"""\
-        - name: {json.dumps(name)}
-          command: {json.dumps(command)}
-          workload: {{model: ResNet-18, batch_size: 64}}
-          work: {{steps: 10}}
-          gpus: {gpus}
-        """) + textwrap.indent(extra, "  ")
-
-
-def _write(path: Path, *jobs: str) -> Path:
-    path.write_text("jobs:\n" + textwrap.indent("".join(jobs), "  "))
-    return path
-
-
 def test_typed_job_runs_on_the_right_node_and_is_accounted(tmp_path: Path, state_dir: Path) -> None:
-    spec = _write(tmp_path / "t4.yaml", _job("t4-pair", ["bash", "-c", "echo node=$SLURMD_NODENAME rank=$RANK"],
+    spec = write(tmp_path / "t4.yaml", job("t4-pair", ["bash", "-c", "echo node=$SLURMD_NODENAME rank=$RANK"],
                                              "{min: 2, max: 2, types: [t4]}"))
     out = json.loads(cli("submit", "--json", str(spec), state=state_dir).stdout)["jobs"]
     assert out[0]["state"] == "SUBMITTED" and out[0]["allocation"] == "2xt4@nodeb"
@@ -45,8 +29,8 @@ def test_typed_job_runs_on_the_right_node_and_is_accounted(tmp_path: Path, state
     assert tag == f"slurmhet:{job_id}" and len(store) == 12  # job ids are per store: the tag names the store
 
 
-def test_cancel_stops_a_running_job(tmp_path: Path, state_dir: Path) -> None:
-    spec = _write(tmp_path / "long.yaml", _job("sleeper", ["sleep", "300"], "{min: 1, max: 1, types: [k80]}"))
+def test_cancel_stops_a_runningjob(tmp_path: Path, state_dir: Path) -> None:
+    spec = write(tmp_path / "long.yaml", job("sleeper", ["sleep", "300"], "{min: 1, max: 1, types: [k80]}"))
     job_id = json.loads(cli("submit", "--json", str(spec), state=state_dir).stdout)["jobs"][0]["job_id"]
     wait_for(state_dir, [job_id], final=("RUNNING",), timeout=60)
     cli("cancel", str(job_id), state=state_dir)
@@ -60,7 +44,7 @@ def test_cancel_stops_a_running_job(tmp_path: Path, state_dir: Path) -> None:
 
 def test_hostile_name_and_command_run_safely(tmp_path: Path, state_dir: Path) -> None:
     hostile = "it's; $(touch pwned)\n`touch pwned2` \"q\""
-    spec = _write(tmp_path / "h.yaml", _job(hostile, ["printf", "%s", hostile], "1"))
+    spec = write(tmp_path / "h.yaml", job(hostile, ["printf", "%s", hostile], "1"))
     out = json.loads(cli("submit", "--json", str(spec), state=state_dir, cwd=tmp_path).stdout)["jobs"][0]
     rows = wait_for(state_dir, [out["job_id"]])
     assert rows[out["job_id"]]["state"] == "COMPLETED" and rows[out["job_id"]]["name"] == hostile
@@ -70,7 +54,7 @@ def test_hostile_name_and_command_run_safely(tmp_path: Path, state_dir: Path) ->
 
 
 def test_sbatch_refusal_is_stored_with_slurms_message(tmp_path: Path, state_dir: Path) -> None:
-    spec = _write(tmp_path / "r.yaml", _job("refused", ["true"], "1", "sbatch: ['--account=no-such-account']\n"))
+    spec = write(tmp_path / "r.yaml", job("refused", ["true"], "1", "sbatch: ['--account=no-such-account']\n"))
     proc = cli("submit", "--json", str(spec), state=state_dir, check=False)
     assert proc.returncode == 1 and "SUBMIT_FAILED" in proc.stderr
     row = json.loads(proc.stdout)["jobs"][0]
@@ -81,18 +65,18 @@ def test_sbatch_refusal_is_stored_with_slurms_message(tmp_path: Path, state_dir:
 
 def test_bad_spec_stores_nothing(tmp_path: Path, state_dir: Path) -> None:
     for body, words in [
-        (_job("x", ["true"], "{types: [a100]}"), "GPU type 'a100' is not in the cluster"),
-        (_job("x", ["true"], "{min: 5, types: [v100]}"), "at least 5 GPUs but the cluster has 4"),
-        (_job("x", ["true"], "1", "sbatch: ['--gpus=2']\n"), "managed by slurmhet"),
+        (job("x", ["true"], "{types: [a100]}"), "GPU type 'a100' is not in the cluster"),
+        (job("x", ["true"], "{min: 5, types: [v100]}"), "at least 5 GPUs but the cluster has 4"),
+        (job("x", ["true"], "1", "sbatch: ['--gpus=2']\n"), "managed by slurmhet"),
     ]:
-        proc = cli("submit", str(_write(tmp_path / "bad.yaml", _job("ok", ["true"], "1"), body)),
+        proc = cli("submit", str(write(tmp_path / "bad.yaml", job("ok", ["true"], "1"), body)),
                    state=state_dir, check=False)
         assert proc.returncode == 2 and words in proc.stderr and "bad.yaml:" in proc.stderr
     assert status(state_dir) == {}
 
 
 def test_status_with_slurmctld_unreachable_leaves_store(tmp_path: Path, state_dir: Path) -> None:
-    spec = _write(tmp_path / "s.yaml", _job("sleeper", ["sleep", "60"], "1"))
+    spec = write(tmp_path / "s.yaml", job("sleeper", ["sleep", "60"], "1"))
     job_id = json.loads(cli("submit", "--json", str(spec), state=state_dir).stdout)["jobs"][0]["job_id"]
     before = status(state_dir)[job_id]
     # A copy of slurm.conf whose controller port nobody listens on: slurmctld is "down" for this client only.
