@@ -268,7 +268,7 @@ def run(argv: tuple[str, ...]) -> None:
 @click.pass_obj
 def report(obj: Context, since: Any, user: str | None, as_json: bool, as_csv: bool, plot_dir: str | None) -> None:
     """JCT, queueing, makespan and GPU-hours per type, from sacct joined with the store."""
-    from slurmhet.report import build_report, write_plots
+    from slurmhet.report import GpuShares, build_report, write_plots
     from slurmhet.submission import current_user
 
     if as_json and as_csv:
@@ -291,7 +291,11 @@ def report(obj: Context, since: Any, user: str | None, as_json: bool, as_csv: bo
 
         records = records_from_queue(obj.client.queue(ids), datetime.now(timezone.utc))
         notices.append("accounting is off at this site: times come from squeue/scontrol and cover live jobs only")
-    result = build_report(jobs, records, obj.inventory().gpus_by_type(), notices)
+    inventory = obj.inventory()
+    shares = {n.name: GpuShares(next(iter(n.gpus)), n.mps / n.gpus[next(iter(n.gpus))],
+                                n.shards / n.gpus[next(iter(n.gpus))])
+              for n in inventory.nodes if len(n.gpus) == 1 and next(iter(n.gpus.values()))}
+    result = build_report(jobs, records, inventory.gpus_by_type(), notices, shares)
     if plot_dir:
         for path in write_plots(result, plot_dir):
             err_console.print(f"wrote {path}", markup=False)

@@ -109,18 +109,47 @@ def _job_state(states: Sequence[str]) -> str:
     return "COMPLETED"
 
 
-def gpu_hours(record: AccountingRecord) -> dict[str, float]:
-    """GPU-hours by type of one allocation: ``gres/gpu:<type>`` x elapsed."""
-    return {t: n * record.elapsed_s / 3600.0 for t, n in record.gpus_by_type().items()}
+@dataclass(frozen=True)
+class GpuShares:
+    """A node's GPU type and how many gres/mps or gres/shard units make one of its GPUs."""
+
+    gpu_type: str
+    mps_per_gpu: float = 0.0
+    shards_per_gpu: float = 0.0
 
 
-def fold(job: StoredJob, records: Iterable[AccountingRecord]) -> JobReport:
-    """All of a job's allocations (het components, array tasks, resubmissions) into one row."""
+def gpu_hours(record: AccountingRecord, shares: Mapping[str, GpuShares] | None = None) -> dict[str, float]:
+    """GPU-hours by type of one allocation: ``gres/gpu:<type>`` x elapsed.
+
+    An MPS or shard pack holds ``gres/mps``/``gres/shard`` units rather than whole
+    GPUs; with the node's ``shares`` those count as the GPU fraction they are.
+    """
+    hours = {t: n * record.elapsed_s / 3600.0 for t, n in record.gpus_by_type().items()}
+    node = (shares or {}).get(record.nodes)
+    if node is not None:
+        fraction = 0.0
+        if node.mps_per_gpu and record.alloc_tres.get("gres/mps"):
+            fraction += record.alloc_tres["gres/mps"] / node.mps_per_gpu
+        if node.shards_per_gpu and record.alloc_tres.get("gres/shard"):
+            fraction += record.alloc_tres["gres/shard"] / node.shards_per_gpu
+        if fraction:
+            hours[node.gpu_type] = hours.get(node.gpu_type, 0.0) + fraction * record.elapsed_s / 3600.0
+    return hours
+
+
+def fold(job: StoredJob, records: Iterable[AccountingRecord], shares: Mapping[str, GpuShares] | None = None,
+         sharers: Mapping[str, int] | None = None) -> JobReport:
+    """All of a job's allocations (het components, array tasks, resubmissions) into one row.
+
+    ``sharers`` counts the slurmhet jobs each Slurm job carries (a pack's members), so
+    a pack's GPU-hours are split among its members rather than counted once per member.
+    """
     mine = [r for r in records if not r.id.is_step and r.id.job in job.slurm_ids]
     hours: dict[str, float] = {}
     for record in mine:
-        for gpu_type, value in gpu_hours(record).items():
-            hours[gpu_type] = hours.get(gpu_type, 0.0) + value
+        split = max(1, (sharers or {}).get(record.id.job, 1))
+        for gpu_type, value in gpu_hours(record, shares).items():
+            hours[gpu_type] = hours.get(gpu_type, 0.0) + value / split
     submits = [r.submit for r in mine if r.submit]
     starts = [r.start for r in mine if r.start]
     state = _job_state([r.state for r in mine])
@@ -153,9 +182,14 @@ def records_from_queue(queue: Iterable[QueueRecord], now: datetime) -> list[Acco
 
 
 def build_report(jobs: Sequence[StoredJob], records: Sequence[AccountingRecord],
-                 capacity: Mapping[str, int], notices: Sequence[str] = ()) -> ClusterReport:
+                 capacity: Mapping[str, int], notices: Sequence[str] = (),
+                 shares: Mapping[str, GpuShares] | None = None) -> ClusterReport:
     """Per-job rows plus cluster metrics over the window the jobs span."""
-    rows = [fold(job, records) for job in jobs]
+    sharers: dict[str, int] = {}
+    for job in jobs:
+        for slurm_id in set(job.slurm_ids):
+            sharers[slurm_id] = sharers.get(slurm_id, 0) + 1
+    rows = [fold(job, records, shares, sharers) for job in jobs]
     weights = {job.id: job.weight for job in jobs}
     done = [r for r in rows if r.jct_s is not None]
     submits = [r.submit for r in rows if r.submit]
