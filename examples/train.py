@@ -199,6 +199,8 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
         print(json.dumps({"final_loss": final, "steps": steps, "start_steps": start_steps, "state": state,
                           "world_size": world, "emulated": emulated}), flush=True)
     if world > 1:
+        # Leave together: a rank tearing gloo down while a peer still writes its checkpoint aborts (SIGABRT).
+        dist.barrier()
         dist.destroy_process_group()
     return 0
 
