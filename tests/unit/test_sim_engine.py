@@ -12,23 +12,7 @@ from slurmhet.planner.time_base import Decision, TimePolicy
 from slurmhet.sim.engine import SimulationError, check_capacity
 from slurmhet.sim.rates import RateModel
 from slurmhet.sim.traces import TraceJob, resolve_steps
-
-
-class TinyRates:
-    """Worker-steps/s per (job type, GPU type), the same at every scale."""
-
-    def __init__(self, table: dict[str, dict[str, float]]) -> None:
-        self.table = table
-
-    def throughput(self, job_type: str, gpu_type: str, scale: int, consolidated: bool = True) -> float:
-        return self.table[job_type].get(gpu_type, 0.0) * scale
-
-    def job_types(self) -> set[str]:
-        return set(self.table)
-
-
-def tiny(table: dict[str, dict[str, float]]) -> RateModel:
-    return RateModel(TinyRates(table), ContentionModel(1.0, xi2=0.0), {t: 0.0 for t in table})
+from tests.unit.sim_rates import PairRates, tiny
 
 
 def one_gpu() -> Inventory:
@@ -92,13 +76,6 @@ def test_capacity_check_rejects_overcommit() -> None:
         check_capacity({1: ((("a", "v100", 1),),), 2: ((("a", "v100", 1),),)}, {("a", "v100"): 1})
     # A co-located group's GPU counts once.
     check_capacity({1: ((("a", "v100", 1),),), 2: ((("a", "v100", 1),),)}, {("a", "v100"): 1}, ((1, 2),))
-
-
-class PairRates(TinyRates):
-    """TinyRates plus a measured pair: ``x`` and ``y`` at 0.8 steps/s each when sharing a V100."""
-
-    def colocated(self, job_type: str, partner: str, gpu_type: str) -> tuple[float, float] | None:
-        return (0.8, 0.8) if {job_type, partner} == {"x", "y"} and gpu_type == "v100" else None
 
 
 class ShareOne(TimePolicy):

@@ -12,21 +12,7 @@ from slurmhet.sim import SimConfig, run_policies
 from slurmhet.sim.contention import ContentionModel
 from slurmhet.sim.rates import RateModel
 from slurmhet.sim.traces import TraceJob
-
-
-class TinyRates:
-    def __init__(self, table: dict[str, dict[str, float]]) -> None:
-        self.table = table
-
-    def throughput(self, job_type: str, gpu_type: str, scale: int, consolidated: bool = True) -> float:
-        return self.table[job_type].get(gpu_type, 0.0) * scale
-
-    def job_types(self) -> set[str]:
-        return set(self.table)
-
-
-def tiny(table: dict[str, dict[str, float]]) -> RateModel:
-    return RateModel(TinyRates(table), ContentionModel(1.0, xi2=0.0), {t: 0.0 for t in table})
+from tests.unit.sim_rates import PairRates, TinyRates, tiny
 
 
 def run(policy: str, jobs: list[TraceJob], inventory: Inventory, rates: RateModel, **cfg: float):
@@ -120,10 +106,6 @@ def test_slurmhet_runs_the_shipped_planner_on_the_engine_rates() -> None:
 
 
 def test_slurmhet_colocates_a_waiting_job_on_a_measured_pair() -> None:
-    class PairRates(TinyRates):
-        def colocated(self, job_type, partner, gpu_type):
-            return (0.8, 0.8) if gpu_type == "v100" else None
-
     inventory = Inventory((Node("a", {"v100": 1}),))
     rates = RateModel(PairRates({"x": {"v100": 1.0}, "y": {"v100": 1.0}}), ContentionModel(1.0, xi2=0.0),
                       {"x": 0.0, "y": 0.0})
