@@ -218,14 +218,20 @@ def total_cost(problem: Problem, slots: list[Slots]) -> float:
     return sum(problem.alloc_cost(j, s) for j, s in enumerate(slots))
 
 
-def has(problem: Problem, progress: Progress | None = None, cap_s: float = 60.0) -> list[Slots]:
-    """HAS over every category of Psi; raises PlannerTimeout past ``cap_s`` seconds."""
+def category_space(problem: Problem, policy: str) -> tuple[list[tuple[int, int]], int, int]:
+    """The workers, job count and |Psi| that HAS and JPS enumerate; both need a GPU for every job."""
     gpus = workers(problem)
     jobs = len(problem.jobs)
     total = category_count(jobs, len(gpus))
     if total == 0:
-        raise InputError(f"HAS needs at least one GPU per job ({len(gpus)} GPUs, {jobs} jobs)", place="policy has",
-                         hint="use the default planner, which lets jobs wait")
+        raise InputError(f"{policy.upper()} needs at least one GPU per job ({len(gpus)} GPUs, {jobs} jobs)",
+                         place=f"policy {policy}", hint="use the default planner, which lets jobs wait")
+    return gpus, jobs, total
+
+
+def has(problem: Problem, progress: Progress | None = None, cap_s: float = 60.0) -> list[Slots]:
+    """HAS over every category of Psi; raises PlannerTimeout past ``cap_s`` seconds."""
+    gpus, jobs, total = category_space(problem, "has")
     deadline = ("has", time.monotonic() + cap_s, cap_s)
     order = list(range(jobs))
     best: tuple[float, list[Slots]] | None = None

@@ -19,19 +19,14 @@ import time
 from functools import partial
 
 from slurmhet.errors import InputError
-from slurmhet.planner.has import Slots, category_count, category_slots, total_cost, unrank_category, workers
+from slurmhet.planner.has import Slots, category_slots, category_space, total_cost, unrank_category
 from slurmhet.planner.model import Progress, equal_share_seconds, jain_fairness
 from slurmhet.planner.problem import Problem
 
 
 def jps(problem: Problem, progress: Progress | None = None, *, samples: int = 20, alpha: float = 0.7,
         beta: float = 1.0, cap_s: float = 60.0) -> list[Slots]:
-    gpus = workers(problem)
-    jobs = len(problem.jobs)
-    total = category_count(jobs, len(gpus))
-    if total == 0:
-        raise InputError(f"JPS needs at least one GPU per job ({len(gpus)} GPUs, {jobs} jobs)", place="policy jps",
-                         hint="use the default planner, which lets jobs wait")
+    gpus, jobs, total = category_space(problem, "jps")
     all_rates = [sum(problem.rates[j, t] for _, t in gpus) for j in range(jobs)]
     order = sorted(range(jobs), key=lambda j: (problem.jobs[j].samples_remaining / (jobs * all_rates[j]), j))
     first = int(alpha * total)
