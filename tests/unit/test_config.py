@@ -1,0 +1,37 @@
+"""Settings layers, and bad config files as one-line errors with the place."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurmhet.config import load_settings
+from slurmhet.errors import InputError
+
+
+def test_layers_environment_wins(tmp_path: Path) -> None:
+    user = tmp_path / "config.yaml"
+    user.write_text("database_url: sqlite:////x.db\nslurm: {max_array_size: 50, gpu_request_style: gres}\n")
+    settings = load_settings({"HOME": str(tmp_path), "SLURMHET_CONFIG": str(user)})
+    assert settings.database_url == "sqlite:////x.db" and settings.slurm.max_array_size == 50
+    env = {"HOME": str(tmp_path), "SLURMHET_CONFIG": str(user), "SLURMHET_DB": "postgresql+psycopg://h/db",
+           "SLURMHET_STATE_DIR": str(tmp_path / "s")}
+    settings = load_settings(env)
+    assert settings.database_url == "postgresql+psycopg://h/db" and settings.state_dir == tmp_path / "s"
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ("databse_url: x\n", "unknown config key 'databse_url'"),
+    ("- a\n", "config must be a mapping"),
+    ("slurm: {max_arrays: 3}\n", "unknown key slurm.max_arrays"),
+    ("slurm: {gpu_request_style: gpus}\n", "slurm.gpu_request_style 'gpus'"),
+    ("slurm: [1]\n", "'slurm' must be a mapping"),
+    ("a: [\n", "cannot read config"),
+])
+def test_bad_config_files(tmp_path: Path, text: str, words: str) -> None:
+    user = tmp_path / "config.yaml"
+    user.write_text(text)
+    with pytest.raises(InputError) as info:
+        load_settings({"HOME": str(tmp_path), "SLURMHET_CONFIG": str(user)})
+    assert words in str(info.value) and str(user) in str(info.value) and info.value.exit_code == 2
