@@ -33,7 +33,7 @@ from slurmhet.store.models import ClusterSnapshot, ProgressMark, ThroughputObser
 from slurmhet.submission import (PLACED, UNPLACED, Candidate, Dispatcher, candidate_of, describe, dispatches,
                                  foreign_gpu_nodes, next_round, plan_for, render_parts, stored_allocation,
                                  throughput_table, unplaceable)
-from slurmhet.sync import adopt_orphans, sync_jobs
+from slurmhet.sync import adopt_orphans, forked_round, sync_jobs
 from slurmhet.throughput import ThroughputEntry, ThroughputTable, canonical_key
 
 #: A refused job is retried this many times, then left SUBMIT_FAILED for a person to look at.
@@ -138,15 +138,6 @@ def displaced(job: Job, inventory: Inventory) -> bool:
     return any(node not in usable for node, _, _ in alloc.slots)
 
 
-def forked_round(job: Job) -> SlurmJob | None:
-    """The consolidation part of a job whose latest dispatch was a forked (HadarE) round, else None."""
-    parts = [p for p in job.slurm_jobs if p.role != "superseded"]
-    if not parts:
-        return None
-    last = max(parts, key=lambda p: (p.id or 0))
-    return last if last.role == "consolidation" else None
-
-
 def round_consolidated(part: SlurmJob, own_slurm_job_id: str | None) -> bool:
     """The round's average is written: its consolidation completed, or this replan is that consolidation's
     ``then`` step (which runs only after ``slurmhet consolidate`` succeeded, while the part still runs)."""
@@ -164,9 +155,7 @@ def job_tracker(session: Session, jobs: Sequence[Job], steps: dict[str, int], dr
     events, actions = [], []
     for job in jobs:
         part = forked_round(job)
-        if part is None or job.state in UNPLACED or not round_consolidated(part, own_slurm_job_id):
-            continue
-        if job.state is JobState.COMPLETED and (job.plan or {}).get("forked", {}).get("final"):
+        if part is None or job.state in UNPLACED or job.state.final or not round_consolidated(part, own_slurm_job_id):
             continue
         total = parse_job(job.spec, f"store:job {job.id}").total_steps
         done = steps.get(str(job.id), 0)
@@ -179,16 +168,14 @@ def job_tracker(session: Session, jobs: Sequence[Job], steps: dict[str, int], dr
                 add_event(session, job, "round", f"round {part.round} consolidated at step {done}",
                           round=part.round, steps=done)
         elif part.state != "COMPLETED":
-            # This replan is the last round's consolidation itself: the sync closes the job once it ends.
+            # This replan is the last round's consolidation itself: the next replan closes the job once it ends.
             events.append(f"job {job.id} ({job.name}) round {part.round} consolidated at step {done}: all steps done")
         else:
             events.append(f"job {job.id} ({job.name}) completed all {total} steps in {part.round + 1} round(s)")
             if not dry_run:
-                if job.state is not JobState.COMPLETED:
-                    add_event(session, job, "state", f"{job.state.value} -> {JobState.COMPLETED.value}")
+                add_event(session, job, "state", f"{job.state.value} -> {JobState.COMPLETED.value}")
                 job.state, job.reason = JobState.COMPLETED, ""
-                job.ended_at = job.ended_at or datetime.now(timezone.utc)
-                job.plan = {**(job.plan or {}), "forked": {**(job.plan or {}).get("forked", {}), "final": True}}
+                job.ended_at = part.ended_at or datetime.now(timezone.utc)
                 add_event(session, job, "round", f"round {part.round} consolidated at step {done}: all steps done",
                           round=part.round, steps=done)
     return events, actions
@@ -241,17 +228,12 @@ class Replanner:
                         job.state, job.reason = JobState.PENDING, "re-planned: its nodes became unavailable"
                         add_event(session, job, "displaced", job.reason, slurm_job_ids=live)
             steps = job_steps(read_progress(self.settings.progress_dir))
-            # Forked jobs whose round ended (a sync may already have closed them as COMPLETED).
-            known = {j.id for j in jobs}
-            forked = [j for j in mine if forked_round(j) is not None] + [
-                j for j in list_jobs(session, owner=self.owner, states=(JobState.COMPLETED,))
-                if j.id not in known and "forked" in (j.plan or {}) and not j.plan["forked"].get("final")]
+            # Forked jobs whose round ended: the sync leaves them open for the Job Tracker.
+            forked = [j for j in mine if forked_round(j) is not None]
             tracked_events, tracked_actions = job_tracker(session, forked, steps, dry_run,
                                                           os.environ.get("SLURM_JOB_ID"))
             result.events += tracked_events
             result.actions += tracked_actions
-            jobs += [j for j in forked if j.id not in known and not j.state.final]
-            mine += [j for j in forked if j.id not in known and not j.state.final]
             rounds = {j.id: next_round(j) for j in mine if j.state in UNPLACED and next_round(j)}
             live_jobs = [j for j in jobs if not j.state.final]
             candidates = [self._candidate(j, steps) for j in live_jobs]

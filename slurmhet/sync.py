@@ -92,6 +92,15 @@ def job_state_from_parts(parts: Iterable[SlurmJob]) -> JobState | None:
     return JobState.COMPLETED
 
 
+def forked_round(job: Job) -> SlurmJob | None:
+    """The consolidation part of a job whose latest dispatch was a forked (HadarE) round, else None."""
+    parts = [p for p in job.slurm_jobs if p.role != "superseded"]
+    if not parts:
+        return None
+    last = max(parts, key=lambda p: (p.id or 0))
+    return last if last.role == "consolidation" else None
+
+
 def sync_jobs(session: Session, client: SlurmClient, jobs: list[Job]) -> int:
     """Refresh parts of non-final jobs; returns how many jobs changed state."""
     live_parts = [p for job in jobs if not job.state.final for p in job.slurm_jobs
@@ -117,6 +126,8 @@ def sync_jobs(session: Session, client: SlurmClient, jobs: list[Job]) -> int:
         if job.state.final or job.state in (JobState.PENDING, JobState.SUBMIT_FAILED):
             continue
         new = job_state_from_parts(job.slurm_jobs)
+        if new is JobState.COMPLETED and forked_round(job) is not None:
+            new = None  # a forked round ended: only the replanner's Job Tracker knows if steps are left
         if new is not None and new != job.state:
             add_event(session, job, "state", f"{job.state.value} -> {new.value}")
             job.state = new

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from datetime import datetime, timezone
 from pathlib import Path
 
 import pytest
@@ -169,7 +170,9 @@ def _forked_job(session: Session, state: JobState, consolidation_state: str, rou
     job.plan = {"slots": [["nodea", "v100", 1], ["nodeb", "t4", 1]], "forked": {"round": round_no}}
     job.slurm_jobs += [SlurmJob(slurm_job_id="10", role="array", array_task=0, round=round_no, state="COMPLETED"),
                        SlurmJob(slurm_job_id="11", role="array", array_task=1, round=round_no, state="COMPLETED"),
-                       SlurmJob(slurm_job_id="12", role="consolidation", round=round_no, state=consolidation_state)]
+                       SlurmJob(slurm_job_id="12", role="consolidation", round=round_no, state=consolidation_state,
+                                ended_at=datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+                                if consolidation_state == "COMPLETED" else None)]
     session.flush()
     return job
 
@@ -178,14 +181,16 @@ def test_job_tracker_advances_a_consolidated_round_and_closes_a_finished_job(tmp
     db = Database(f"sqlite:///{tmp_path}/s.db")
     with db.transaction() as session:
         running = _forked_job(session, JobState.RUNNING, "RUNNING")
-        left = _forked_job(session, JobState.COMPLETED, "COMPLETED")
-        done = _forked_job(session, JobState.COMPLETED, "COMPLETED", round_no=1)
+        left = _forked_job(session, JobState.RUNNING, "COMPLETED")  # the sync leaves a forked round open
+        done = _forked_job(session, JobState.RUNNING, "COMPLETED", round_no=1)
         inside = _forked_job(session, JobState.RUNNING, "RUNNING")
         steps = {str(running.id): 87, str(left.id): 87, str(done.id): 120, str(inside.id): 87}
         events, actions = job_tracker(session, [running, left, done], steps, False, None)
         assert running.state is JobState.RUNNING  # its round still runs: not re-dispatched
         assert left.state is JobState.PENDING and next_round(left) == 1
-        assert done.state is JobState.COMPLETED and done.plan["forked"]["final"]
+        assert done.state is JobState.COMPLETED  # ended when its last consolidation did, not at this replan
+        assert done.ended_at is not None and done.ended_at.replace(tzinfo=timezone.utc) == datetime(
+            2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
         assert f"job {left.id} (j) round 0 consolidated at step 87" in events
         assert actions == [f"plan round 1 of job {left.id}: 33 steps left"]
         # The consolidation's own `then` replan (SLURM_JOB_ID = the consolidation) may advance at once.

@@ -78,6 +78,25 @@ def test_sync_reads_final_states_from_sacct(tmp_path: Path) -> None:
     assert runner.calls[0][-1] == "11,13,9"
 
 
+def test_sync_leaves_a_forked_round_open_for_the_job_tracker(tmp_path: Path) -> None:
+    """A forked job whose round's consolidation ended is not COMPLETED yet: steps may be left (replan decides)."""
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    with db.transaction() as session:
+        forked = create_job(session, SPEC, "root", "f")
+        forked.state = JobState.RUNNING
+        forked.slurm_jobs.append(SlurmJob(slurm_job_id="11", role="consolidation", round=0, state="RUNNING"))
+        plain = create_job(session, SPEC, "root", "f")
+        plain.state = JobState.RUNNING
+        plain.slurm_jobs.append(SlurmJob(slurm_job_id="11", state="RUNNING"))
+    with db.transaction() as session:
+        from slurmhet.store import list_jobs
+
+        jobs = list_jobs(session)
+        assert sync_jobs(session, SlurmCli(FakeRunner(_answers())), jobs) == 1
+        assert [p.state for j in jobs for p in j.slurm_jobs] == ["COMPLETED", "COMPLETED"]
+        assert [j.state for j in jobs] == [JobState.RUNNING, JobState.COMPLETED]
+
+
 def test_sync_failure_raises_and_changes_nothing(tmp_path: Path) -> None:
     db = Database(f"sqlite:///{tmp_path}/s.db")
     with db.transaction() as session:
