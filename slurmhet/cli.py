@@ -418,11 +418,15 @@ def _progress_bar(total_label: str) -> Any:
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=4, show_default=True)
 @click.option("--policy", "policy_list", default="slurmhet", show_default=True, help="comma-separated policy keys")
 @click.option("--round-s", type=float, default=360.0, show_default=True)
+@click.option("--restart-s", type=float, default=10.0, show_default=True, help="checkpoint-restart cost of a move")
+@click.option("--start-s", type=float, default=0.0, show_default=True,
+              help="start-up cost of a job's first start (measure it on your site)")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False), default=None)
 def simulate(trace_path: str | None, generate_n: int | None, arrivals: str, cluster_spec: str, gpus_per_node: int,
-             policy_list: str, round_s: float, seed: int, as_json: bool, plot_dir: str | None) -> None:
+             policy_list: str, round_s: float, restart_s: float, start_s: float, seed: int, as_json: bool,
+             plot_dir: str | None) -> None:
     """Replay a trace on a simulated cluster under one or more policies (same planners as submit)."""
     from slurmhet import sim
     from slurmhet.cluster import load_inventory_yaml, parse_cluster_spec
@@ -444,7 +448,8 @@ def simulate(trace_path: str | None, generate_n: int | None, arrivals: str, clus
         def progress(name: str, index: int, total: int) -> None:
             bar.update(task, completed=index, description=f"simulating {name}")
 
-        report = sim.simulate(jobs, inventory, None, policies, round_s=round_s, seed=seed, progress=progress)
+        report = sim.simulate(jobs, inventory, None, policies, round_s=round_s, seed=seed, progress=progress,
+                              restart_s=restart_s, start_s=start_s)
     if plot_dir:
         for path in sim.write_plots(report, plot_dir):
             err_console.print(f"wrote {path}", markup=False)

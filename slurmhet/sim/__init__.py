@@ -42,14 +42,22 @@ def write_plots(report: SimReport, directory: Path | str) -> list[Path]:
 def simulate(trace_jobs: Sequence[TraceJob], inventory: Inventory, table: ThroughputSource | None,
              policies: Sequence[str], round_s: float = 360.0, seed: int = 0,
              progress: Callable[[str, int, int], None] | None = None, *, restart_s: float = 10.0,
-             consolidate_s: float = 10.0, contention: ContentionModel | None = None) -> SimReport:
-    """Run every policy on the same jobs and cluster; ``progress(policy, index, total)`` is called per policy."""
+             consolidate_s: float = 10.0, start_s: float = 0.0,
+             contention: ContentionModel | None = None) -> SimReport:
+    """Run every policy on the same jobs and cluster; ``progress(policy, index, total)`` is called per policy.
+
+    ``start_s`` is what a job's first start costs a live cluster (start-up, rendezvous);
+    the papers' set-ups charge nothing.
+    """
     unknown = [p for p in policies if p not in TIME_POLICIES]
     if unknown or not policies:
         raise InputError(f"unknown policy {unknown or policies}", place="--policy",
                          hint=f"one or more of {', '.join(TIME_POLICIES)}")
     if round_s <= 0:
         raise InputError("round length must be positive", place="--round-s", hint="e.g. 360")
+    for value, flag in ((restart_s, "--restart-s"), (start_s, "--start-s")):
+        if not 0 <= value < float("inf"):
+            raise InputError(f"{flag} must be a finite number of seconds >= 0, not {value}", place=flag, hint="e.g. 10")
     source = table or default_throughputs()
     contention = contention or ContentionModel(inter_gbps=inventory.inter_node_gbps)
     rates = RateModel(source, contention)
@@ -59,10 +67,10 @@ def simulate(trace_jobs: Sequence[TraceJob], inventory: Inventory, table: Throug
         if not any(rates.type_rate(job.job_type, job.gpus, t) > 0 for t in usable.gpu_types):
             raise InputError(f"job {job.job_id} ({job.job_type}) has no throughput on any GPU type of the cluster",
                              place=f"job {job.job_id}", hint="check the throughput table and the cluster's types")
-    config = SimConfig(round_s=round_s, restart_s=restart_s, consolidate_s=consolidate_s)
+    config = SimConfig(round_s=round_s, restart_s=restart_s, consolidate_s=consolidate_s, start_s=start_s)
     instances = {name: TIME_POLICIES[name](seed=seed, round_s=round_s) for name in policies}
     report = run_policies(jobs, usable, rates, instances, config, progress)
-    report.meta.update(round_s=round_s, restart_s=restart_s, seed=seed)
+    report.meta.update(round_s=round_s, restart_s=restart_s, start_s=start_s, seed=seed)
     return report
 
 

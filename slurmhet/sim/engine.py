@@ -3,8 +3,10 @@
 Between two events (arrival, completion, round boundary, decision) every running
 job progresses at a constant rate, so the engine jumps from event to event and
 never steps through time. A changed allocation costs a checkpoint-restart
-(``restart_s``) during which the job holds its GPUs but makes no progress; a job
-running as several forked copies pays ``consolidate_s`` each round (HadarE).
+(``restart_s``) during which the job holds its GPUs but makes no progress; a first
+start costs ``start_s`` the same way (process start-up, rendezvous: what a live
+cluster charges every job); a job running as several forked copies pays
+``consolidate_s`` each round (HadarE).
 Jobs a policy co-locates on one GPU (a ``Decision``'s ``shared`` groups, seed 002)
 run at the measured co-located rates of the group (``RateModel.colocated_rates``);
 a group the job model cannot price is refused. Every decision is checked against
@@ -35,6 +37,8 @@ class SimConfig:
     round_s: float = 360.0
     restart_s: float = 10.0
     consolidate_s: float = 10.0
+    #: Seconds of a job's first start during which it holds its GPUs without progress (0: the papers' set-ups).
+    start_s: float = 0.0
     #: Called after every decision with (time, placements as a ``Decision``, capacity); tests hook invariants here.
     observer: Callable[[float, Mapping[int, Placement], Mapping[Slot, int]], None] | None = None
 
@@ -162,8 +166,8 @@ class Engine:
                 if new and (state.placement or state.remaining < state.total_steps):
                     self.restart_left[job_id] = self.config.restart_s
                     state.restarts += 1
-                elif not new:
-                    self.restart_left[job_id] = 0.0
+                else:
+                    self.restart_left[job_id] = self.config.start_s if new else 0.0
                 state.placement = new
             if len(new) > 1:
                 self.restart_left[job_id] = max(self.restart_left[job_id], self.config.consolidate_s)

@@ -44,6 +44,25 @@ def test_srtf_preempts_and_pays_the_restart() -> None:
     assert finishes(run("srtf", jobs, one_gpu(), rates, restart_s=5.0)) == {0: 125.0, 1: 30.0}
 
 
+def test_first_start_pays_start_s_and_a_resume_pays_restart_s() -> None:
+    rates = tiny({"x": {"v100": 1.0}})
+    jobs = [TraceJob(0, "x", 1, 0.0, 100.0), TraceJob(1, "x", 1, 10.0, 50.0)]
+    # FIFO: A starts up for 4 s and ends at 104; B waits, starts up for 4 s: 104 + 4 + 50.
+    assert finishes(run("gavel-fifo", jobs, one_gpu(), rates, start_s=4.0)) == {0: 104.0, 1: 158.0}
+    jobs = [TraceJob(0, "x", 1, 0.0, 100.0), TraceJob(1, "x", 1, 10.0, 20.0)]
+    # SRTF: A made 6 steps by 10; B starts up (4 s) and ends at 34; A resumes (restart 5 s): 34 + 5 + 94.
+    assert finishes(run("srtf", jobs, one_gpu(), rates, start_s=4.0, restart_s=5.0)) == {0: 133.0, 1: 34.0}
+
+
+@pytest.mark.parametrize("flag,value", [("restart_s", -1.0), ("start_s", float("nan")), ("start_s", float("inf"))])
+def test_simulate_refuses_bad_overheads(flag: str, value: float) -> None:
+    from slurmhet.errors import InputError
+
+    with pytest.raises(InputError, match=flag.replace("_", "-")):
+        simulate([TraceJob(0, "x", 1, 0.0, 10.0)], one_gpu(), tiny({"x": {"v100": 1.0}}).source, ["srtf"],
+                 **{flag: value})
+
+
 def test_round_policy_waits_for_the_round_boundary() -> None:
     rates = tiny({"x": {"v100": 1.0}})
     jobs = [TraceJob(0, "x", 1, 0.0, 100.0), TraceJob(1, "x", 1, 10.0, 50.0)]
