@@ -23,8 +23,8 @@ def max_min_fairness_lp(view: ClusterView, jobs: list[JobState]) -> dict[tuple[i
     total = sum(capacity.values())
     rate = {(j.job_id, g): view.rates.type_rate(j.job_type, j.gpus, g) for j in jobs for g in types}
     problem = pulp.LpProblem("gavel_max_min_fairness_perf", pulp.LpMaximize)
-    x = {key: pulp.LpVariable(f"x_{key[0]}_{key[1]}", 0, 1) for key, r in rate.items() if r > 0}
-    floor = pulp.LpVariable("t", 0)
+    x = {key: problem.add_variable(f"x_{key[0]}_{key[1]}", 0, 1) for key, r in rate.items() if r > 0}
+    floor = problem.add_variable("t", 0)
     problem += floor
     for job in jobs:
         keys = [(job.job_id, g) for g in types if (job.job_id, g) in x]
