@@ -25,6 +25,8 @@ Everything is deterministic. On the seed-001 cases it matches the exact MILP
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from slurmhet.planner.model import Progress
@@ -293,6 +295,55 @@ class _Search:
                 self.refresh(j)
 
 
+def current_slots(problem: Problem, j: int) -> dict[tuple[int, int], int] | None:
+    """Job ``j``'s current allocation as ``(node, type) -> count`` indices; None when it has none in ``problem``."""
+    current = problem.jobs[j].current
+    if current is None:
+        return None
+    slots: dict[tuple[int, int], int] = {}
+    for node, gpu_type, count in current.slots:
+        if node not in problem.nodes or gpu_type not in problem.types:
+            return None
+        key = (problem.nodes.index(node), problem.types.index(gpu_type))
+        slots[key] = slots.get(key, 0) + count
+    return slots
+
+
+def pack_in_place(problem: Problem, counts: list[np.ndarray],
+                  benefit: list[float]) -> tuple[list[dict[tuple[int, int], int]], list[int], float]:
+    """:func:`pack`, keeping unpinned running jobs on their current slots where their counts are unchanged.
+
+    Only jobs that do not want to leave a spread allocation for one node stay; the
+    others are packed on the capacity left. The fresh packing wins only when it
+    is strictly cheaper (e.g. a kept job blocked a node another job needed whole).
+    Returns the slots, the jobs that wanted one node but did not get it, and the cost.
+    """
+    fresh, failed = pack(problem, counts, benefit)
+    fresh_value = sum(problem.alloc_cost(j, s) for j, s in enumerate(fresh))
+    free = problem.capacity.copy()
+    kept: dict[int, dict[tuple[int, int], int]] = {}
+    for j, x in enumerate(counts):
+        slots = current_slots(problem, j)
+        if not slots or (benefit[j] > 0 and len({n for n, _ in slots}) > 1):
+            continue
+        held = np.zeros_like(x)
+        for (_, t), c in slots.items():
+            held[t] += c
+        if np.array_equal(held, x) and all(free[n, t] >= c for (n, t), c in slots.items()):
+            for (n, t), c in slots.items():
+                free[n, t] -= c
+            kept[j] = slots
+    if not kept:
+        return fresh, failed, fresh_value
+    rest = [np.zeros_like(x) if j in kept else x for j, x in enumerate(counts)]
+    placed, placed_failed = pack(replace(problem, capacity=free), rest, benefit)
+    placed = [kept.get(j, s) for j, s in enumerate(placed)]
+    value = sum(problem.alloc_cost(j, s) for j, s in enumerate(placed))
+    if fresh_value < value - _TOL * value:
+        return fresh, failed, fresh_value
+    return placed, placed_failed, value
+
+
 def allocate(problem: Problem, progress: Progress | None = None) -> list[dict[tuple[int, int], int]]:
     """slurmhet's allocator: greedy + exchange at type level, packing, re-search after packing failures."""
     search = _Search(problem)
@@ -308,8 +359,7 @@ def allocate(problem: Problem, progress: Progress | None = None) -> list[dict[tu
         for j, x in enumerate(counts):
             wants = bool(search.single_ok[j]) and problem.fits_one_node(x)
             benefit.append(problem.cost(j, x, False) - problem.cost(j, x, True) if wants else 0.0)
-        slots, failed = pack(problem, counts, benefit)
-        value = sum(problem.alloc_cost(j, s) for j, s in enumerate(slots))
+        slots, failed, value = pack_in_place(problem, counts, benefit)
         if best is None or value < best[0] - _TOL * value:
             best = (value, slots)
         if not failed:

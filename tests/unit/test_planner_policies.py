@@ -151,6 +151,31 @@ def test_running_jobs_stay_pinned() -> None:
     assert plan.job("p").allocation.by_type() == {"t4": 2}
 
 
+def test_unpinned_job_keeps_its_node_when_its_counts_do_not_change() -> None:
+    from slurmhet.planner import Allocation
+
+    # A fresh packing puts a single-GPU job on the first of two equal nodes (a); the job runs on b.
+    inv = Inventory((Node("a", {"v100": 1}), Node("b", {"v100": 1})))
+    running = PlanJob("r", "A (batch size 8)", 1e5, 8, max_gpus=1, current=Allocation.of({("b", "v100"): 1}))
+    plan = POLICIES["slurmhet"](PlanningInput((running,), inv, TABLE, pin_running=False))
+    assert plan.job("r").allocation == running.current
+
+
+def test_kept_jobs_give_way_to_a_job_that_needs_a_whole_node() -> None:
+    from slurmhet.planner import Allocation
+
+    # Keeping r0 on a and r1 on b would spread the comm-heavy pair; the fresh packing (pair on a, both
+    # single-GPU jobs on b) is strictly cheaper, so the two single-GPU jobs move.
+    inv = Inventory((Node("a", {"v100": 2}), Node("b", {"v100": 2})), 50.0, 1.0)
+    r0 = PlanJob("r0", "A (batch size 8)", 1e5, 8, max_gpus=1, current=Allocation.of({("a", "v100"): 1}))
+    r1 = PlanJob("r1", "A (batch size 8)", 1e5, 8, max_gpus=1, current=Allocation.of({("b", "v100"): 1}))
+    pair = PlanJob("pair", "B (batch size 8)", 1e6, 64, model_size_mb=1000.0, samples_per_sync=64,
+                   min_gpus=2, max_gpus=2)
+    plan = POLICIES["slurmhet"](PlanningInput((r0, r1, pair), inv, TABLE, pin_running=False))
+    (node,) = plan.job("pair").allocation.nodes
+    assert {plan.job(j).allocation.nodes for j in ("r0", "r1")} == {tuple({"a", "b"} - {node})}
+
+
 def crowded_instance(seed: int) -> PlanningInput:
     """8-14 jobs, some identical (tied moves), on 24 GPUs of three types: enough for transfers and trades."""
     rng = random.Random(seed)
