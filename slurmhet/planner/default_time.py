@@ -26,11 +26,16 @@ State -> PlanningInput
   engine's rate is positive (e.g. no out-of-memory types); weight and arrival as traced.
 - Ordering (the one piece kept from the former re-implementation): the pipeline admits
   jobs in priority, then weighted-shortest-predicted-time order. Jobs on the critical
-  path (remaining time on their fastest type >= half the makespan lower bound, total
-  remaining GPU-time / GPUs) get priorities, longest highest, so that no long job sets
-  the makespan by starting last; the others keep the planner's own WSPT order.
+  path get priorities, longest highest, so that no long job sets the makespan by starting
+  last; the others keep the planner's own WSPT order. A job is on the critical path when
+  its remaining time on its fastest type reaches the load term of the makespan lower
+  bound (total remaining GPU-time / GPUs): it then bounds the makespan by itself and
+  has no slack left. Marking shorter jobs too (half the load term, formerly) costs avg
+  JCT: long jobs then run before short ones long before they have to.
 - Running jobs: ``current`` is their allocation and ``pin_running = not migrate``; see
-  ``migrate`` for the choice and bench/README.md (Reproductions) for the numbers.
+  ``migrate`` for the choice and bench/README.md (Reproductions) for the numbers. The
+  planner keeps a re-planned job on its current slots when its GPU counts are unchanged
+  (``hetero.pack_in_place``), so a re-plan restarts only the jobs it really changes.
 - Co-location: single-GPU jobs allow it. The simulator knows no per-job memory, but
   Gavel's pair measurements already encode whether a pair fits (an out-of-memory pair
   is measured as 0 and never offered), so every job declares ``NOMINAL_MEMORY_GB`` to
@@ -71,8 +76,8 @@ class SlurmhetOverTime(TimePolicy):
     #: True: every decision re-plans every job, so the plan may preempt or move running jobs (each move
     #: pays the engine's checkpoint-restart).
     migrate = True
-    #: A job whose remaining time is at least this share of the makespan lower bound is critical.
-    critical_share = 0.5
+    #: A job whose remaining time is at least this share of the load bound is critical (1: it sets the bound).
+    critical_share = 1.0
     colocation = ColocationSettings(max_group=2)
 
     def decide(self, view: ClusterView) -> Decision:
