@@ -214,3 +214,15 @@ def test_a_run_killed_after_it_checkpointed_stays_preempted(tmp_path: Path, exit
     launch(["--", sys.executable, "-c", child], env)
     [stored] = read_progress(tmp_path / "progress")
     assert (stored.state, stored.steps_done, stored.exit_code) == (state, 7, code)
+
+
+@pytest.mark.parametrize("env,expected", [
+    ({}, {"OMP_NUM_THREADS": "1"}),
+    ({"SLURM_CPUS_PER_TASK": "4"}, {"OMP_NUM_THREADS": "4"}),
+    ({"SLURM_CPUS_PER_TASK": "x"}, {"OMP_NUM_THREADS": "1"}),
+    ({"SLURM_CPUS_PER_TASK": "4", "OMP_NUM_THREADS": "8"}, {}),  # the user's choice stands
+])
+def test_thread_env_caps_openmp_at_the_tasks_cpus(env: dict[str, str], expected: dict[str, str]) -> None:
+    from slurmhet.runtime.launcher import thread_env
+
+    assert thread_env(env) == expected
