@@ -24,11 +24,12 @@ def finishes(run_) -> dict[int, float]:
     return {r.job_id: round(r.finish, 6) for r in run_.records}
 
 EXPECTED = {
-    # The shipped planner: makespan bound (100 + 50) / 2 GPUs = 75 s, both jobs are critical
-    # (>= 37.5 s); its exchange moves give the V100 to job 0 (ends 100) and the K80 to job 1 (ends 100).
+    # The shipped planner: load bound (100 + 50) / 2 GPUs = 75 s, job 0 is critical (100 >= 75);
+    # its exchange moves give the V100 to job 0 (ends 100) and the K80 to job 1 (ends 100).
     "slurmhet": {0: 100.0, 1: 100.0},
-    # H orders job 1 first; job 0 keeps its whole gang on the K80: 200 / 1.
-    "hare": {1: 50.0, 0: 200.0},
+    # H lists job 1 first (V100), job 0 takes the K80; at 50 job 0 is re-listed onto the V100
+    # (50 steps done): 50 + 10 + 150 / 2 = 135.
+    "hare": {1: 50.0, 0: 135.0},
     # Hadar's DP gives each job a GPU, the V100 to job 0 (higher utility); both end at 100.
     "hadar": {0: 100.0, 1: 100.0},
     # No idle node to fork onto while both run.
@@ -84,6 +85,16 @@ def test_slurmhet_runs_the_critical_job_first_then_smith_order() -> None:
     assert finishes(run("slurmhet", jobs, inventory, rates, restart_s=10.0)) == {1: 20.0, 2: 40.0, 0: 100.0}
 
 
+def test_slurmhet_a_job_below_the_load_bound_is_not_critical() -> None:
+    jobs, inventory, rates = _instance()
+    jobs = [TraceJob(0, "x", 1, 0.0, 160.0), TraceJob(1, "x", 1, 0.0, 100.0), TraceJob(2, "x", 1, 0.0, 100.0)]
+    # Bound (80 + 50 + 50) / 2 = 90 > 80: job 0 has slack and waits (Smith order); job 1 takes the V100
+    # (ends 50), job 2 the K80. At 50 the bound is (80 + 25) / 2 < 80: job 0 is critical and takes the
+    # V100 (ends 130); job 2 keeps its K80 (50 steps left, ends 100). Avg JCT 93.3, not 103.3 as with
+    # job 0 first (80, then jobs 1 and 2 at 100 and 130); the makespan is 130 either way.
+    assert finishes(run("slurmhet", jobs, inventory, rates, restart_s=10.0)) == {1: 50.0, 2: 100.0, 0: 130.0}
+
+
 def test_slurmhet_runs_the_shipped_planner_on_the_engine_rates() -> None:
     from slurmhet.planner.registry import POLICIES
     from slurmhet.planner.time_base import ClusterView, JobState
@@ -110,7 +121,8 @@ def test_slurmhet_colocates_a_waiting_job_on_a_measured_pair() -> None:
     rates = RateModel(PairRates({"x": {"v100": 1.0}, "y": {"v100": 1.0}}), ContentionModel(1.0, xi2=0.0),
                       {"x": 0.0, "y": 0.0})
     jobs = [TraceJob(0, "x", 1, 0.0, 100.0), TraceJob(1, "y", 1, 0.0, 50.0)]
-    # Job 0 is critical (100 >= 75) and takes the GPU; job 1 joins it (delta 1.6): both at 0.8/s,
+    # Job 1 is shorter (Smith order; the bound (100 + 50) / 1 = 150 makes neither critical) and takes the
+    # GPU; job 0 joins it (delta 1.6): both at 0.8/s,
     # job 1 ends at 62.5, job 0 (50 steps left) then alone at 1/s: 112.5 instead of 150 in sequence.
     assert finishes(run("slurmhet", jobs, inventory, rates, restart_s=10.0)) == {1: 62.5, 0: 112.5}
 
