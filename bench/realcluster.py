@@ -12,8 +12,10 @@ cluster, with emulated GPU speed (``SLURMHET_EMULATE_THROUGHPUT=1``):
 Both are measured from sacct (allocation rows, not steps): makespan = last end -
 first submit, avg JCT = mean of (end - submit). A slurmhet job's submit is its store
 time (``created_at``), since it may wait in the store before any sbatch. The
-simulator (``slurmhet.sim.simulate``) predicts both arms from the same jobs, with
-the same emulated rates (per-GPU samples/s from etc/throughput/devcluster.yaml).
+simulator predicts both arms from the same jobs, with the same emulated rates
+(per-GPU samples/s from etc/throughput/devcluster.yaml), before they run: a probe
+first runs two short copies of the workload's jobs on the idle cluster, and what
+they take beyond their emulated time is every job's start-up cost in the prediction.
 
 Run: ``.venv/bin/python -m bench.realcluster --json [--scale 0.3]`` (about 3 min per
 arm at 0.3) or ``slurmhet bench realcluster --json``. Needs the dev cluster up.
@@ -42,8 +44,11 @@ from slurmhet.cluster import Inventory, Node
 from slurmhet.emit.requests import BatchRequest, Common, Launch
 from slurmhet.report import StoredJob, fold
 from slurmhet.runtime import emulation
-from slurmhet.sim import TraceJob, simulate
+from slurmhet.planner.time_base import TimePolicy
+from slurmhet.planner.time_registry import TIME_POLICIES
+from slurmhet.sim import SimConfig, TraceJob, run_policies, simulate
 from slurmhet.sim.contention import ContentionModel
+from slurmhet.sim.rates import RateModel
 from slurmhet.slurm.client import SlurmCli
 from slurmhet.slurm.parsers import AccountingRecord
 from slurmhet.slurm.runner import SubprocessRunner
@@ -60,6 +65,8 @@ FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEM
 STORE_FINAL = {"COMPLETED", "FAILED", "CANCELLED"}
 #: Seconds to wait before an arm for other users' jobs to leave the shared cluster.
 IDLE_WAIT_S = 300.0
+#: Seconds of emulated work in each probe job.
+PROBE_S = 20.0
 _STEPS_ARG = re.compile(r"^--steps=(\d+)$")
 
 
@@ -248,27 +255,43 @@ def build_rates(specs: Sequence[JobSpec], rates: Mapping[tuple[str, str], float]
     return SpecRates(per_gpu)
 
 
-def predict(specs: Sequence[JobSpec], rates: Mapping[tuple[str, str], float], round_s: float = 5.0,
-            cluster: Sequence[tuple[str, str, int]] = DEV_CLUSTER) -> dict[str, Any]:
-    """Simulated makespan / avg JCT: policy ``slurmhet`` for arm A; per-type FIFO (yarn-cs) for the naive arm.
+def slurmhet_as_replanned(round_s: float) -> TimePolicy:
+    """The ``slurmhet`` time policy as the live replanner runs it: every ``round_s`` (cron), running jobs pinned."""
+    policy = TIME_POLICIES["slurmhet"](seed=0, round_s=round_s)
+    policy.migrate = False  # type: ignore[attr-defined]  # `slurmhet replan` never moves a running job
+    policy.round_s = round_s  # decisions only at replan ticks, as `replan --once` every round_s
+    return policy
 
-    The naive jobs each hold one GPU type and the dev cluster has one type per node,
-    so Slurm's FIFO + backfill queues are independent per type (a job for t4 never
-    delays one for v100; within a type, 10-minute limits leave backfill nothing to
-    slip in ahead of the head job). That is yarn-cs (FIFO, non-preemptive,
-    head-of-line blocking) run on each type's node with that type's jobs; yarn-cs on
-    the whole cluster would wrongly block, say, a t4 job behind a v100 one.
+
+def predict(specs: Sequence[JobSpec], rates: Mapping[tuple[str, str], float], round_s: float = 5.0,
+            cluster: Sequence[tuple[str, str, int]] = DEV_CLUSTER,
+            start_s: Mapping[str, float] | None = None) -> dict[str, Any]:
+    """Simulated makespan / avg JCT of both arms; ``start_s[arm]``: each job's start-up cost (``probe``).
+
+    slurmhet arm: the shipped planner at every replan tick (``round_s``), running jobs
+    pinned, as ``slurmhet replan`` does. Naive arm: the naive jobs each hold one GPU
+    type and the dev cluster has one type per node, so Slurm's FIFO + backfill queues
+    are independent per type (a job for t4 never delays one for v100; within a type,
+    10-minute limits leave backfill nothing to slip in ahead of the head job). That is
+    yarn-cs (FIFO, non-preemptive, head-of-line blocking) run on each type's node with
+    that type's jobs; yarn-cs on the whole cluster would wrongly block, say, a t4 job
+    behind a v100 one.
     """
+    start_s = start_s or {}
     types = [t for _, t, _ in cluster]
     trace = build_trace(specs)
     contention = ContentionModel(inter_gbps=NO_COMM_GBPS, xi2=0.0)
     out: dict[str, Any] = {}
-    report = simulate(trace, dev_inventory(cluster), build_rates(specs, rates, types, False), ["slurmhet"],
-                      round_s=round_s, seed=0, contention=contention)
+    config = SimConfig(round_s=round_s, restart_s=10.0, start_s=start_s.get("slurmhet", 0.0))
+    inventory = dev_inventory(cluster)
+    report = run_policies(trace, inventory, RateModel(build_rates(specs, rates, types, False), contention),
+                          {"slurmhet": slurmhet_as_replanned(round_s)}, config)
     m = report.metrics["slurmhet"]
-    out["slurmhet"] = {"policy": "slurmhet", "makespan_s": round(m.makespan, 1), "avg_jct_s": round(m.avg_jct, 1),
-                       "restarts": m.restarts}
+    out["slurmhet"] = {"policy": f"slurmhet, decisions every {round_s:g} s, running jobs pinned",
+                       "start_s": config.start_s, "makespan_s": round(m.makespan, 1),
+                       "avg_jct_s": round(m.avg_jct, 1), "restarts": m.restarts}
     naive_rates = build_rates(specs, rates, types, True)
+    naive_start = start_s.get("naive", 0.0)
     finishes: list[float] = []
     jct_sum = 0.0
     for node, gpu_type, count in cluster:
@@ -277,12 +300,12 @@ def predict(specs: Sequence[JobSpec], rates: Mapping[tuple[str, str], float], ro
             continue
         part = [TraceJob(j, s.name, s.gpus.min, 0.0, float(s.total_samples), s.weight) for j, (_, s) in enumerate(mine)]
         sub = simulate(part, dev_inventory([(node, gpu_type, count)]), naive_rates, ["yarn-cs"], round_s=round_s,
-                       seed=0, contention=contention).metrics["yarn-cs"]
+                       seed=0, contention=contention, start_s=naive_start).metrics["yarn-cs"]
         finishes.append(sub.makespan)
         jct_sum += sub.avg_jct * len(mine)
-    whole = simulate(trace, dev_inventory(cluster), naive_rates, ["yarn-cs"], round_s=round_s, seed=0,
-                     contention=contention).metrics["yarn-cs"]
-    out["naive"] = {"policy": "yarn-cs per GPU type (first allowed type, gpus.min)",
+    whole = simulate(trace, inventory, naive_rates, ["yarn-cs"], round_s=round_s, seed=0,
+                     contention=contention, start_s=naive_start).metrics["yarn-cs"]
+    out["naive"] = {"policy": "yarn-cs per GPU type (first allowed type, gpus.min)", "start_s": naive_start,
                     "makespan_s": round(max(finishes), 1), "avg_jct_s": round(jct_sum / len(specs), 1),
                     "whole_cluster_yarn_cs": {"makespan_s": round(whole.makespan, 1),
                                               "avg_jct_s": round(whole.avg_jct, 1)}}
@@ -420,6 +443,53 @@ def run_naive_arm(specs: Sequence[JobSpec], state_dir: Path, timeout_s: float,
     return out, info
 
 
+def write_probe_workload(source: Path, rates: Mapping[tuple[str, str], float], dest: Path,
+                         seconds: float = PROBE_S) -> Path:
+    """Two short copies of the workload's own jobs (its first 1-GPU and first multi-GPU job), ``seconds`` of work each.
+
+    What they take beyond their emulated run time is the site's start-up cost per
+    job: sbatch to start, python + torch import, rendezvous, teardown.
+    """
+    data = yaml.safe_load(source.read_text())
+    specs = load_file(source)
+    picks = [next(s for s in specs if s.gpus.min == 1), next(s for s in specs if s.gpus.min > 1)]
+    jobs = []
+    for spec in picks:
+        raw = next(j for j in data["jobs"] if j.get("name") == spec.name)
+        rate = spec.gpus.min * rates[(spec.name, first_type(spec, ("v100",)))]
+        job = scale_workload({"jobs": [raw]}, seconds * rate / spec.total_samples)["jobs"][0]
+        job["name"] = f"probe-{spec.name}"
+        jobs.append(job)
+    dest.write_text(yaml.safe_dump({"jobs": jobs}, sort_keys=False))
+    return dest
+
+
+def start_costs(measured: Mapping[str, Any]) -> list[float]:
+    """Per probe job: JCT beyond its emulated run time (seconds)."""
+    return [j["jct_s"] - j["emulated_run_s"] for j in measured["jobs"]
+            if j["jct_s"] is not None and j["emulated_run_s"] is not None]
+
+
+def run_probe(source: Path, work: Path, client: SlurmCli) -> dict[str, Any]:
+    """Start-up cost per job (probe jobs on the idle cluster) and the wall time of one ``slurmhet replan --once``."""
+    types = [t for _, t, _ in DEV_CLUSTER]
+    rates = table_rates(load_file(source), types)
+    specs = load_file(write_probe_workload(source, rates, work / "probe.yaml"))
+    probe_rates = table_rates(specs, types)
+    jobs, _ = run_naive_arm(specs, work / "probe", 300.0, client)
+    records = _wait_accounting(client, sorted({i for j in jobs for i in j.slurm_ids}), 120)
+    measured = measure(jobs, records, probe_rates)
+    costs = start_costs(measured)
+    began = time.monotonic()
+    replanned = _cli(arm_env(work / "probe-replan"), "replan", "--once")
+    replan_s = time.monotonic() - began
+    if not costs or replanned.returncode != 0:
+        raise RuntimeError(f"probe failed: {measured['not_completed']} not completed, replan rc "
+                           f"{replanned.returncode}: {replanned.stderr.strip()[-300:]}")
+    return {"start_s": round(sum(costs) / len(costs), 1), "replan_s": round(replan_s, 1),
+            "jobs": [{k: j[k] for k in ("name", "gpus", "jct_s", "emulated_run_s")} for j in measured["jobs"]]}
+
+
 def _wait_idle(client: SlurmCli, timeout_s: float) -> int:
     """Wait until no Slurm job is pending or running (others' tests share the cluster); returns how many are left."""
     deadline = time.monotonic() + timeout_s
@@ -468,15 +538,18 @@ def run(scale: float = 1.0, replan_every_s: float = 5.0) -> dict[str, Any]:
     rates = table_rates(specs, types)
     samples = {s.name: float(s.total_samples) for s in specs}
     notes: list[str] = []
-    try:
-        predicted = predict(specs, rates, round_s=replan_every_s)
-    except Exception as exc:  # noqa: BLE001 - the cluster runs are still worth reporting
-        predicted = {}
-        notes.append(f"simulator failed: {type(exc).__name__}: {exc}")
     timeout_s = 600.0 + 1500.0 * scale
     began = datetime.now(timezone.utc)
     _log(f"workload {spec_file} (scale {scale:g}); work dir {work}")
-    busy_before: dict[str, int] = {}
+    busy_before: dict[str, int] = {"probe": _wait_idle(client, IDLE_WAIT_S)}
+    probe = run_probe(spec_file, work, client)
+    _log(f"probe: start-up {probe['start_s']} s per job, one replan {probe['replan_s']} s")
+    try:  # predicted before the arms run, from the probe alone
+        predicted = predict(specs, rates, round_s=replan_every_s,
+                            start_s={"naive": probe["start_s"], "slurmhet": probe["start_s"] + probe["replan_s"]})
+    except Exception as exc:  # noqa: BLE001 - the cluster runs are still worth reporting
+        predicted = {}
+        notes.append(f"simulator failed: {type(exc).__name__}: {exc}")
     busy_before["slurmhet"] = _wait_idle(client, IDLE_WAIT_S)
     a_jobs, a_info = run_slurmhet_arm(spec_file, work / "slurmhet", samples, replan_every_s, timeout_s, client)
     a_records = _wait_accounting(client, sorted({i for j in a_jobs for i in j.slurm_ids}), 120)
@@ -508,16 +581,18 @@ def run(scale: float = 1.0, replan_every_s: float = 5.0) -> dict[str, Any]:
         "The host has 2 CPU cores shared with other engineers' work: process start-up (python + torch import), "
         "gloo rendezvous, the slurmhet CLI itself and CPU contention make measured times longer than the "
         "emulated rates predict (see each arm's mean_overhead_s: run time beyond the emulated time).",
-        "Simulator: same jobs at t=0, gpus = gpus.min, steps = samples (steps x global batch), per-GPU rates from "
-        "the table, n GPUs = n x per-GPU rate, communication ~ 0; it does not model start-up overhead.",
-        "Simulated slurmhet arm: policy 'slurmhet' with each job restricted to its gpus.types; the real planner "
-        "may give a job more than gpus.min GPUs (gpus.max), the simulator gives exactly gpus.min.",
+        "Simulator (predicted before the arms run): same jobs at t=0, gpus = gpus.min, steps = samples "
+        "(steps x global batch), per-GPU rates from the table, n GPUs = n x per-GPU rate, communication ~ 0; "
+        "every job's first start costs the probe's start-up (naive) or start-up + one replan (slurmhet).",
+        "Simulated slurmhet arm: the shipped planner at every replan tick with running jobs pinned, each job "
+        "restricted to its gpus.types. Not modelled: MPS packs (the live planner co-locates the coloc-* jobs, "
+        "each member at its share of the GPU; the simulator gives each its own GPU), gpus.max (the live "
+        "planner may give more than gpus.min), and the per-step CPU cost of many ranks on the 2-core host "
+        "(collectives wait for descheduled ranks), which grows with the number of ranks running at once.",
         "Simulated naive arm: yarn-cs (FIFO, non-preemptive, head-of-line blocking) on each GPU type separately "
         "with the jobs whose first type it is; Slurm's per-type queues are independent because each naive job "
         "holds one type and each node one type (whole_cluster_yarn_cs: yarn-cs blocking across types, for "
         "reference).",
-        "The simulated slurmhet policy may move running jobs (see simulator.slurmhet.restarts, 10 s of "
-        "checkpoint-restart each); the live replanner leaves running jobs where they are.",
     ] + foreign_notes
     for arm, busy in busy_before.items():
         if busy:
@@ -528,6 +603,7 @@ def run(scale: float = 1.0, replan_every_s: float = 5.0) -> dict[str, Any]:
     measured = {k: {"makespan_s": v["makespan_s"], "avg_jct_s": v["avg_jct_s"]} for k, v in arms.items()}
     result = {
         "workload": str(WORKLOAD.relative_to(REPO)),
+        "probe": probe,
         "scale": scale,
         "replan_every_s": replan_every_s,
         "arms": arms,

@@ -148,3 +148,38 @@ def test_foreign_usage_counts_other_jobs_inside_the_window_only() -> None:
     ]
     out = rc.foreign_usage(records, {"1"}, T0, T0 + timedelta(seconds=100))
     assert out == {"jobs": 2, "gpu_s": 110.0}
+
+
+def test_probe_jobs_are_short_copies_of_the_workloads_own_shapes(tmp_path: Path) -> None:
+    source = rc.write_scaled_workload(rc.WORKLOAD, 1.0, tmp_path / "jobs.yaml")
+    rates = rc.table_rates(load_file(source), ["v100", "t4", "k80"])
+    probes = load_file(rc.write_probe_workload(source, rates, tmp_path / "probe.yaml", seconds=20.0))
+    assert [(p.name, p.gpus.min) for p in probes] == [("probe-small-v100", 1), ("probe-large-v100x2", 2)]
+    probe_rates = rc.table_rates(probes, ["v100"])
+    for probe in probes:  # 20 s of emulated work on its first type, the command's --steps scaled alike
+        assert probe.total_samples / (probe.gpus.min * probe_rates[(probe.name, "v100")]) == pytest.approx(20.0)
+        argv = list(probe.command)
+        assert int(argv[argv.index("--steps") + 1]) == probe.steps
+
+
+def test_start_costs_are_jct_beyond_the_emulated_run() -> None:
+    measured = {"jobs": [{"jct_s": 28.0, "emulated_run_s": 20.0}, {"jct_s": 31.5, "emulated_run_s": 20.0},
+                         {"jct_s": None, "emulated_run_s": 20.0}]}
+    assert rc.start_costs(measured) == [8.0, 11.5]
+
+
+def test_predict_charges_the_start_cost_and_decides_at_replan_ticks_with_jobs_pinned() -> None:
+    specs = load_text("""
+jobs:
+  - {name: a, workload: {model: mlp-small, batch_size: 100}, command: [x], work: {steps: 16}, gpus: {min: 1, types: [v100]}}
+  - {name: b, workload: {model: mlp-small, batch_size: 100}, command: [x], work: {steps: 8}, gpus: {min: 1, types: [v100]}}
+""", "test")
+    rates = {(s.name, t): r for s in specs for t, r in (("v100", 100.0), ("t4", 50.0), ("k80", 25.0))}
+    policy = rc.slurmhet_as_replanned(5.0)
+    assert policy.round_s == 5.0 and policy.migrate is False
+    out = rc.predict(specs, rates, round_s=5.0, cluster=(("nodea", "v100", 1),), start_s={"slurmhet": 3.0, "naive": 2.0})
+    # naive, one v100: a (16 s + 2) then b (8 s + 2): ends 18 and 28.
+    assert (out["naive"]["makespan_s"], out["naive"]["avg_jct_s"]) == (28.0, 23.0)
+    # slurmhet: b first (shorter), 3 + 8 = 11; a waits for the tick at 15: 15 + 3 + 16 = 34.
+    assert (out["slurmhet"]["makespan_s"], out["slurmhet"]["avg_jct_s"]) == (34.0, 22.5)
+    assert out["slurmhet"]["restarts"] == 0
