@@ -232,7 +232,7 @@ class SchedAllox(TimePolicy):
                     for p in range(1, len(waiting) + 1):
                         cost[(job.job_id, g, p)] = p * job.remaining / rate * job.gpus / c
         problem = pulp.LpProblem("allox_matching", pulp.LpMinimize)
-        x = {k: pulp.LpVariable(f"x_{k[0]}_{k[1]}_{k[2]}", 0, 1) for k in cost}
+        x = {k: problem.add_variable(f"x_{k[0]}_{k[1]}_{k[2]}", 0, 1) for k in cost}
         problem += pulp.lpSum(cost[k] * x[k] for k in x)
         for job in waiting:
             problem += pulp.lpSum(v for k, v in x.items() if k[0] == job.job_id) == 1
