@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from slurmhet.cluster import Inventory, Node, parse_cluster_spec
+from slurmhet.planner.default_time import SlurmhetForking
 from slurmhet.planner.hadar import Hadar
 from slurmhet.planner.sjf_bco import SjfBco
 from slurmhet.planner.time_base import ClusterView, JobState
@@ -141,8 +142,8 @@ def case_hadare(quick: bool) -> dict[str, Any]:
     for mix, members in mixes.items():
         jobs = [TraceJob(i, model[m], 1, 0.0, 1200.0 * rates.type_rate(model[m], 1, "v100"))
                 for i, m in enumerate(members)]
-        names = ["slurmhet", "hadare", "hadar", "gavel-mmf"]
-        report = run_policies(jobs, inventory, rates, _policies(names, 180.0),
+        policies = {"slurmhet": SlurmhetForking(round_s=180.0), **_policies(["hadare", "hadar", "gavel-mmf"], 180.0)}
+        report = run_policies(jobs, inventory, rates, policies,
                               SimConfig(round_s=180.0, restart_s=10.0, consolidate_s=10.0))
         out[mix] = _report(report)
     return {"mixes": out}

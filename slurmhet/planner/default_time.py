@@ -55,9 +55,9 @@ import math
 from collections import defaultdict
 
 from slurmhet.cluster import Inventory, Node
-from slurmhet.planner.model import Allocation, ColocationSettings, PlanJob, PlanningInput
+from slurmhet.planner.model import Allocation, ColocationSettings, JobPlan, PlanJob, PlanningInput
 from slurmhet.planner.registry import POLICIES
-from slurmhet.planner.time_base import ClusterView, Decision, JobState, TimePolicy, make_gang
+from slurmhet.planner.time_base import ClusterView, Decision, JobState, Placement, TimePolicy, make_gang
 from slurmhet.throughput import ThroughputEntry, ThroughputTable, canonical_key
 
 #: Memory every single-GPU job declares for the planner's co-location check (see the module doc).
@@ -79,6 +79,10 @@ class SlurmhetOverTime(TimePolicy):
     #: A job whose remaining time is at least this share of the load bound is critical (1: it sets the bound).
     critical_share = 1.0
     colocation = ColocationSettings(max_group=2)
+    #: Fork jobs into copies on the GPUs the plan leaves idle (HadarE's Job Forker, ``forking.job_forker``'s
+    #: rules), as ``slurmhet submit`` does for ``sync: local-sgd`` jobs; a set-up whose jobs may all be
+    #: forked uses :class:`SlurmhetForking`.
+    fork = False
 
     def decide(self, view: ClusterView) -> Decision:
         if not view.jobs:
@@ -92,6 +96,9 @@ class SlurmhetOverTime(TimePolicy):
             placements[job_id] = (make_gang({(n, t): c for n, t, c in job_plan.allocation.slots}),)
             if job_plan.colocation_group:
                 groups[job_plan.colocation_group].append(job_id)
+        if self.fork:
+            fork_onto_idle(view, sorted(plan.jobs, key=lambda jp: (jp.allocation is None, jp.order, jp.job_id)),
+                           placements)
         return Decision(placements, (tuple(sorted(g)) for g in groups.values()))
 
     def planning_input(self, view: ClusterView) -> PlanningInput:
@@ -149,3 +156,38 @@ class SlurmhetOverTime(TimePolicy):
                     if both is not None:
                         pairs[(a, b, gpu_type)] = both
         return ThroughputTable(entries, pairs)
+
+
+class SlurmhetForking(SlurmhetOverTime):
+    """``slurmhet`` where every job may be forked (seed 003 VI-B's set-up): it decides every round,
+    because copies are consolidated at each round's end, as HadarE and the live replanner do."""
+
+    round_based = True
+    fork = True
+
+
+def fork_onto_idle(view: ClusterView, plan_order: list[JobPlan], placements: dict[int, Placement]) -> None:
+    """Give each job, in plan order (started first, then waiting), a copy on every node with an idle gang
+    of a type it runs on, fastest type first, one copy per node (the paper's n copies for n nodes).
+
+    As ``forking.job_forker``: a copy is a gang on one node of one type of the job's own size; a gang
+    spanning nodes or types and a co-located job stay as they are; fewer than two copies is no fork.
+    """
+    free = view.free(placements.values())
+    jobs = {j.job_id: j for j in view.jobs}
+    nodes = len({n for n, _ in view.capacity})
+    for job_plan in plan_order:
+        job = jobs[int(job_plan.job_id)]
+        own = placements.get(job.job_id, ())
+        if job_plan.colocation_group or (own and len(own[0]) != 1):
+            continue
+        copies = list(own)
+        used = {gang[0][0] for gang in copies}
+        for gpu_type in view.runnable_types(job):
+            for (node, slot_type), count in sorted(free.counts.items()):
+                if slot_type == gpu_type and count >= job.gpus and node not in used and len(copies) < nodes:
+                    copies.append(((node, gpu_type, job.gpus),))
+                    used.add(node)
+        if len(copies) >= 2:
+            free.take(tuple(copies[len(own):]))
+            placements[job.job_id] = tuple(copies)

@@ -134,3 +134,25 @@ def test_hadare_forks_onto_idle_nodes() -> None:
     run_ = run("hadare", [TraceJob(0, "x", 1, 0.0, 300.0)], inventory, rates, round_s=60.0, consolidate_s=10.0)
     # Round 1: 50 s x 3 = 150; round 2 (60 s): 10 s pause then 150 / 3 = 50 s -> 120.
     assert finishes(run_) == {0: 120.0}
+
+
+def test_slurmhet_forking_copies_a_lone_job_onto_the_idle_node_each_round() -> None:
+    from slurmhet.planner.default_time import SlurmhetForking
+
+    _, inventory, rates = _instance()
+    jobs = [TraceJob(0, "x", 1, 0.0, 300.0)]
+    config = SimConfig(round_s=60.0, restart_s=10.0, consolidate_s=5.0)
+    out = run_policies(jobs, inventory, rates, {"s": SlurmhetForking(round_s=60.0)}, config).runs["s"]
+    # Copies on the V100 and the K80: 3 steps/s, 5 s of consolidation per 60 s round (55 s of work):
+    # 165 steps a round, 135 left after round 1 take 5 + 45 s: 60 + 50 = 110 (alone on the V100: 150).
+    assert finishes(out) == {0: 110.0}
+
+
+def test_slurmhet_forking_leaves_a_full_cluster_alone() -> None:
+    from slurmhet.planner.default_time import SlurmhetForking
+
+    jobs, inventory, rates = _instance()
+    config = SimConfig(round_s=1000.0, restart_s=10.0, consolidate_s=5.0)
+    out = run_policies(jobs, inventory, rates, {"s": SlurmhetForking(round_s=1000.0)}, config).runs["s"]
+    # Both GPUs are planned: no copy. Job 0 on the V100 (100 s); job 1 on the K80 (100 s).
+    assert finishes(out) == {0: 100.0, 1: 100.0} and all(r.restarts == 0 for r in out.records)
