@@ -44,8 +44,7 @@ from slurmhet.cluster import Inventory, Node
 from slurmhet.emit.requests import BatchRequest, Common, Launch
 from slurmhet.report import StoredJob, fold
 from slurmhet.runtime import emulation
-from slurmhet.planner.time_base import TimePolicy
-from slurmhet.planner.time_registry import TIME_POLICIES
+from slurmhet.planner.default_time import SlurmhetReplanned
 from slurmhet.sim import SimConfig, TraceJob, run_policies, simulate
 from slurmhet.sim.contention import ContentionModel
 from slurmhet.sim.rates import RateModel
@@ -255,14 +254,6 @@ def build_rates(specs: Sequence[JobSpec], rates: Mapping[tuple[str, str], float]
     return SpecRates(per_gpu)
 
 
-def slurmhet_as_replanned(round_s: float) -> TimePolicy:
-    """The ``slurmhet`` time policy as the live replanner runs it: every ``round_s`` (cron), running jobs pinned."""
-    policy = TIME_POLICIES["slurmhet"](seed=0, round_s=round_s)
-    policy.migrate = False  # type: ignore[attr-defined]  # `slurmhet replan` never moves a running job
-    policy.round_s = round_s  # decisions only at replan ticks, as `replan --once` every round_s
-    return policy
-
-
 def predict(specs: Sequence[JobSpec], rates: Mapping[tuple[str, str], float], round_s: float = 5.0,
             cluster: Sequence[tuple[str, str, int]] = DEV_CLUSTER,
             start_s: Mapping[str, float] | None = None) -> dict[str, Any]:
@@ -285,7 +276,7 @@ def predict(specs: Sequence[JobSpec], rates: Mapping[tuple[str, str], float], ro
     config = SimConfig(round_s=round_s, restart_s=10.0, start_s=start_s.get("slurmhet", 0.0))
     inventory = dev_inventory(cluster)
     report = run_policies(trace, inventory, RateModel(build_rates(specs, rates, types, False), contention),
-                          {"slurmhet": slurmhet_as_replanned(round_s)}, config)
+                          {"slurmhet": SlurmhetReplanned(round_s=round_s)}, config)
     m = report.metrics["slurmhet"]
     out["slurmhet"] = {"policy": f"slurmhet, decisions every {round_s:g} s, running jobs pinned",
                        "start_s": config.start_s, "makespan_s": round(m.makespan, 1),
@@ -470,12 +461,13 @@ def start_costs(measured: Mapping[str, Any]) -> list[float]:
             if j["jct_s"] is not None and j["emulated_run_s"] is not None]
 
 
-def run_probe(source: Path, work: Path, client: SlurmCli) -> dict[str, Any]:
-    """Start-up cost per job (probe jobs on the idle cluster) and the wall time of one ``slurmhet replan --once``."""
-    types = [t for _, t, _ in DEV_CLUSTER]
-    rates = table_rates(load_file(source), types)
+def run_probe(source: Path, rates: Mapping[tuple[str, str], float], work: Path, client: SlurmCli) -> dict[str, Any]:
+    """Start-up cost per job (probe jobs on the idle cluster) and the wall time of one ``slurmhet replan --once``.
+
+    ``rates`` are ``table_rates`` of the jobs in ``source``.
+    """
     specs = load_file(write_probe_workload(source, rates, work / "probe.yaml"))
-    probe_rates = table_rates(specs, types)
+    probe_rates = table_rates(specs, [t for _, t, _ in DEV_CLUSTER])
     jobs, _ = run_naive_arm(specs, work / "probe", 300.0, client)
     records = _wait_accounting(client, sorted({i for j in jobs for i in j.slurm_ids}), 120)
     measured = measure(jobs, records, probe_rates)
@@ -542,7 +534,7 @@ def run(scale: float = 1.0, replan_every_s: float = 5.0) -> dict[str, Any]:
     began = datetime.now(timezone.utc)
     _log(f"workload {spec_file} (scale {scale:g}); work dir {work}")
     busy_before: dict[str, int] = {"probe": _wait_idle(client, IDLE_WAIT_S)}
-    probe = run_probe(spec_file, work, client)
+    probe = run_probe(spec_file, rates, work, client)
     _log(f"probe: start-up {probe['start_s']} s per job, one replan {probe['replan_s']} s")
     try:  # predicted before the arms run, from the probe alone
         predicted = predict(specs, rates, round_s=replan_every_s,

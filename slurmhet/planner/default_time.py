@@ -166,6 +166,14 @@ class SlurmhetForking(SlurmhetOverTime):
     fork = True
 
 
+class SlurmhetReplanned(SlurmhetOverTime):
+    """``slurmhet`` as ``slurmhet replan`` runs it on a live cluster: it decides only at the replan
+    ticks (every ``round_s``, cron) and never moves a running job."""
+
+    round_based = True
+    migrate = False
+
+
 def fork_onto_idle(view: ClusterView, plan_order: list[JobPlan], placements: dict[int, Placement]) -> None:
     """Give each job, in plan order (started first, then waiting), a copy on every node with an idle gang
     of a type it runs on, fastest type first, one copy per node (the paper's n copies for n nodes).

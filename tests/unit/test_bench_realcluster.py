@@ -175,7 +175,7 @@ jobs:
   - {name: b, workload: {model: mlp-small, batch_size: 100}, command: [x], work: {steps: 8}, gpus: {min: 1, types: [v100]}}
 """, "test")
     rates = {(s.name, t): r for s in specs for t, r in (("v100", 100.0), ("t4", 50.0), ("k80", 25.0))}
-    policy = rc.slurmhet_as_replanned(5.0)
+    policy = rc.SlurmhetReplanned(round_s=5.0)
     assert policy.round_s == 5.0 and policy.migrate is False
     out = rc.predict(specs, rates, round_s=5.0, cluster=(("nodea", "v100", 1),), start_s={"slurmhet": 3.0, "naive": 2.0})
     # naive, one v100: a (16 s + 2) then b (8 s + 2): ends 18 and 28.
