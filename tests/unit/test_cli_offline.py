@@ -33,3 +33,10 @@ def test_simulate_bad_input(tmp_path: Path) -> None:
     trace.write_text("ResNet-50 (batch size 64)\tcmd\tdir\t--n\t1\tnan\t1\t1\t-1\t0\n")
     broken = runner.invoke(main, ["simulate", "--trace", str(trace), "--cluster", "v100:4"])
     assert broken.exit_code == 2 and f"{trace}:1" in broken.output
+
+
+def test_simulate_refuses_negative_or_nan_overheads() -> None:
+    runner = CliRunner()
+    for flag, value in (("--start-s", "-1"), ("--restart-s", "nan")):
+        result = runner.invoke(main, ["simulate", "--generate", "3", "--cluster", "v100:4", flag, value])
+        assert result.exit_code == 2 and f"{flag} must be a finite number of seconds >= 0" in result.output, result.output
