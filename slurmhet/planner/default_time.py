@@ -26,12 +26,20 @@ State -> PlanningInput
   engine's rate is positive (e.g. no out-of-memory types); weight and arrival as traced.
 - Ordering (the one piece kept from the former re-implementation): the pipeline admits
   jobs in priority, then weighted-shortest-predicted-time order. Jobs on the critical
-  path get priorities, longest highest, so that no long job sets the makespan by starting
-  last; the others keep the planner's own WSPT order. A job is on the critical path when
-  its remaining time on its fastest type reaches the load term of the makespan lower
-  bound (total remaining GPU-time / GPUs): it then bounds the makespan by itself and
-  has no slack left. Marking shorter jobs too (half the load term, formerly) costs avg
-  JCT: long jobs then run before short ones long before they have to.
+  path get priorities, longest first, so that no long job sets the makespan by starting
+  last; the others keep the planner's own WSPT order. The makespan lower bound is
+  ``max(total remaining GPU-time / GPUs, longest remaining time)``, each job timed on its
+  fastest type; a job is critical when its remaining time reaches ``critical_share``
+  (0.8) of it, i.e. it has at most 20% slack. Jobs far below the longest one have slack
+  and keep their WSPT place: marking every job above the load term (formerly) cost the
+  ``hare`` case 14% of weighted JCT, because under Poisson arrivals most long jobs are
+  above it; 0.8 rather than 1 keeps the near-longest jobs of a batch (Gavel's
+  minimize_makespan trace) from starting on slow GPUs. Numbers: bench/README.md.
+- Objective: with ``migrate`` the plan is revised at every decision, so the planner runs
+  in its preemptive mode (``pin_running=False``): it maximises weighted progress now,
+  ``sum w_j / T_j``, which hands the fastest GPUs to the jobs with the least work left
+  (SRPT-FM) and critical jobs first, instead of minimising ``sum w_j T_j`` as if every
+  job kept its GPUs to the end (see ``planner.problem``).
 - Running jobs: ``current`` is their allocation and ``pin_running = not migrate``; see
   ``migrate`` for the choice and bench/README.md (Reproductions) for the numbers. The
   planner keeps a re-planned job on its current slots when its GPU counts are unchanged
@@ -76,8 +84,8 @@ class SlurmhetOverTime(TimePolicy):
     #: True: every decision re-plans every job, so the plan may preempt or move running jobs (each move
     #: pays the engine's checkpoint-restart).
     migrate = True
-    #: A job whose remaining time is at least this share of the load bound is critical (1: it sets the bound).
-    critical_share = 1.0
+    #: A job whose remaining time is at least this share of the makespan lower bound is critical.
+    critical_share = 0.8
     colocation = ColocationSettings(max_group=2)
     #: Fork jobs into copies on the GPUs the plan leaves idle (HadarE's Job Forker, ``forking.job_forker``'s
     #: rules), as ``slurmhet submit`` does for ``sync: local-sgd`` jobs; a set-up whose jobs may all be
@@ -127,10 +135,13 @@ class SlurmhetOverTime(TimePolicy):
                              pin_running=not self.migrate, colocation=self.colocation, seed=self.seed)
 
     def _critical_priorities(self, view: ClusterView) -> dict[int, int]:
-        """Critical-path jobs, longest first, get priorities n..1; the others keep 0 (WSPT)."""
+        """Critical-path jobs, longest first, get priorities n..1; the others keep 0 (WSPT).
+
+        The bound is ``max(load term, longest remaining time)`` (both on each job's fastest type)."""
         gpus = sum(view.capacity.values())
         left = {j.job_id: view.remaining_time(j) for j in view.jobs}
-        bound = sum(left[j.job_id] * j.gpus for j in view.jobs) / max(gpus, 1)
+        load = sum(left[j.job_id] * j.gpus for j in view.jobs) / max(gpus, 1)
+        bound = max(load, *left.values())
         critical = sorted((j for j in view.jobs if left[j.job_id] >= self.critical_share * bound),
                           key=lambda j: (left[j.job_id], -j.arrival, -j.job_id))
         return {job.job_id: rank + 1 for rank, job in enumerate(critical)}

@@ -170,7 +170,7 @@ class _Search:
                 y = list(x)
                 y[t] += g
                 score = (base - self.cost(j, tuple(y))) / g
-                if score > best[0] + _TOL * base:
+                if score > best[0] + _TOL * abs(base):
                     best = (score, int(t), g)
         return best
 
@@ -263,7 +263,7 @@ class _Search:
     def exchange(self, limit: int = 10_000) -> None:
         for j in range(len(self.x)):
             self.refresh(j)
-        tolerance = _TOL * max(self.objective(), 1.0)
+        tolerance = _TOL * max(abs(self.objective()), 1.0)
         for _ in range(limit):
             delta, move = self.best_move()
             if not move or delta > -tolerance:
@@ -339,7 +339,7 @@ def pack_in_place(problem: Problem, counts: list[np.ndarray],
     placed, placed_failed = pack(replace(problem, capacity=free), rest, benefit)
     placed = [kept.get(j, s) for j, s in enumerate(placed)]
     value = sum(problem.alloc_cost(j, s) for j, s in enumerate(placed))
-    if fresh_value < value - _TOL * value:
+    if fresh_value < value - _TOL * abs(value):
         return fresh, failed, fresh_value
     return placed, placed_failed, value
 
@@ -360,7 +360,7 @@ def allocate(problem: Problem, progress: Progress | None = None) -> list[dict[tu
             wants = bool(search.single_ok[j]) and problem.fits_one_node(x)
             benefit.append(problem.cost(j, x, False) - problem.cost(j, x, True) if wants else 0.0)
         slots, failed, value = pack_in_place(problem, counts, benefit)
-        if best is None or value < best[0] - _TOL * value:
+        if best is None or value < best[0] - _TOL * abs(value):
             best = (value, slots)
         if not failed:
             break

@@ -4,7 +4,18 @@ GPUs of one type are interchangeable, so a job's run time depends only on its
 count vector ``x`` (GPUs per type) and on whether all its ranks sit on one node
 (the bottleneck link of eq. 5). :class:`Problem` holds, for the jobs to place
 now, their rate matrix ``rates[j, t]`` and the free capacity per node and type.
-The objective is the weighted sum of predicted run times (all start now).
+
+The objective depends on whether the plan is final for the jobs it starts:
+- kept (``preemptive=False``, a live cluster where a started job stays put): the
+  weighted sum of predicted run times, all starting now;
+- revised at the next decision (``preemptive=True``, the plan may move or pause
+  running jobs): the rate of weighted progress now, ``sum_j w_j / T_j(x_j)``
+  (maximised). Run times then overstate what an allocation costs: when a short
+  job finishes, the long one inherits its GPUs. For related GPUs this gives the
+  fastest GPUs to the jobs with the least work left, SRPT-FM (Gonzalez 1977,
+  optimal for Q|pmtn|sum C_j); for unrelated ones a GPU type goes where it
+  raises a job's share of its best rate most. Jobs with a priority (critical
+  ones) outrank every other job, as in admission, so they keep their fastest GPUs.
 """
 
 from __future__ import annotations
@@ -28,6 +39,8 @@ class Problem:
     intra_gbps: float
     inter_gbps: float
     seed: int = 0
+    #: The plan is revised at the next decision: minimise ``-sum w_j / T_j`` instead of ``sum w_j T_j``.
+    preemptive: bool = False
 
     def __post_init__(self) -> None:
         self.lo = np.array([j.min_gpus for j in self.jobs], dtype=int)
@@ -45,6 +58,14 @@ class Problem:
         rows = {tuple(int(v) for v in row) for row in self.capacity}
         self._node_rows = [r for r in rows if not any(o != r and all(a >= b for a, b in zip(o, r)) for o in rows)]
         self._fits: dict[tuple[int, ...], bool] = {}
+        #: Preemptive objective: ``T*_j`` (run time on its minimum GPUs of its fastest type, one node) and
+        #: ``w_j / T*_j`` over the largest such index, so a job's term is a dimensionless share of its best
+        #: rate; priority jobs get 1 + priority and outrank the others.
+        self._best_time = [self.run_time(j, max(r) * lo, lo, True) for j, (r, lo) in
+                           enumerate(zip(self._rate_rows, self._lo))] if self.preemptive else []
+        index = [w / t for w, t in zip(self._weight_list, self._best_time)]
+        top = max(index, default=0.0) or 1.0
+        self._index = [1.0 + job.priority if job.priority > 0 else v / top for v, job in zip(index, self.jobs)]
 
     @property
     def size(self) -> tuple[int, int]:
@@ -69,7 +90,7 @@ class Problem:
         return self._work_list[j] / rate_sum + comm
 
     def cost(self, j: int, x: np.ndarray | tuple[int, ...], single: bool) -> float:
-        """Weighted run time of job ``j`` on count vector ``x``; inf when outside its limits."""
+        """Job ``j``'s term of the objective on count vector ``x``; inf when outside its limits."""
         if not isinstance(x, tuple):
             x = tuple(int(v) for v in x)
         k = sum(x)
@@ -81,7 +102,10 @@ class Problem:
                 if not ok:
                     return float("inf")
                 rate += v * r
-        return self._weight_list[j] * self.run_time(j, rate, k, single)
+        seconds = self.run_time(j, rate, k, single)
+        if self.preemptive:
+            return -self._index[j] * self._best_time[j] / seconds
+        return self._weight_list[j] * seconds
 
     def alloc_cost(self, j: int, slots: dict[tuple[int, int], int]) -> float:
         """Weighted run time of an actual node placement (``(node, type) -> count``)."""

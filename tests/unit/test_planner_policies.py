@@ -176,6 +176,24 @@ def test_kept_jobs_give_way_to_a_job_that_needs_a_whole_node() -> None:
     assert {plan.job(j).allocation.nodes for j in ("r0", "r1")} == {tuple({"a", "b"} - {node})}
 
 
+def test_a_revisable_plan_gives_the_fast_gpu_to_the_shortest_job() -> None:
+    # One V100 (2/s), one K80 (1/s). Kept to the end, the long job on the V100 minimises
+    # w*T: 200 + 100 < 400 + 50. Revised at the next decision (pin_running=False), the short job
+    # takes it (SRPT-FM): w/T is 1/50 + 1/400 > 1/200 + 1/100, and the long job inherits the V100
+    # at 50. A priority (critical) job outranks it.
+    table = ThroughputTable.from_rates({"x": {"v100": 2.0, "k80": 1.0}})
+    inv = Inventory((Node("a", {"v100": 1}), Node("b", {"k80": 1})))
+    jobs = (PlanJob("long", "x", 400.0, 1, max_gpus=1), PlanJob("short", "x", 100.0, 1, max_gpus=1))
+
+    def v100_job(jobs: tuple[PlanJob, ...], pin: bool) -> str:
+        plan = POLICIES["slurmhet"](PlanningInput(jobs, inv, table, pin_running=pin))
+        return next(p.job_id for p in plan.jobs if p.allocation.by_type() == {"v100": 1})
+
+    assert v100_job(jobs, True) == "long"
+    assert v100_job(jobs, False) == "short"
+    assert v100_job((replace(jobs[0], priority=1), jobs[1]), False) == "long"
+
+
 def crowded_instance(seed: int) -> PlanningInput:
     """8-14 jobs, some identical (tied moves), on 24 GPUs of three types: enough for transfers and trades."""
     rng = random.Random(seed)

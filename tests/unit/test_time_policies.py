@@ -24,8 +24,8 @@ def finishes(run_) -> dict[int, float]:
     return {r.job_id: round(r.finish, 6) for r in run_.records}
 
 EXPECTED = {
-    # The shipped planner: load bound (100 + 50) / 2 GPUs = 75 s, job 0 is critical (100 >= 75);
-    # its exchange moves give the V100 to job 0 (ends 100) and the K80 to job 1 (ends 100).
+    # The shipped planner: bound max((100 + 50) / 2, 100) = 100 s, so job 0 is critical and outranks
+    # job 1 for the V100 (ends 100); job 1 takes the K80 (ends 100).
     "slurmhet": {0: 100.0, 1: 100.0},
     # H lists job 1 first (V100), job 0 takes the K80; at 50 job 0 is re-listed onto the V100
     # (50 steps done): 50 + 10 + 150 / 2 = 135.
@@ -85,14 +85,14 @@ def test_slurmhet_runs_the_critical_job_first_then_smith_order() -> None:
     assert finishes(run("slurmhet", jobs, inventory, rates, restart_s=10.0)) == {1: 20.0, 2: 40.0, 0: 100.0}
 
 
-def test_slurmhet_a_job_below_the_load_bound_is_not_critical() -> None:
+def test_slurmhet_a_job_with_slack_waits_until_it_is_critical() -> None:
     jobs, inventory, rates = _instance()
-    jobs = [TraceJob(0, "x", 1, 0.0, 160.0), TraceJob(1, "x", 1, 0.0, 100.0), TraceJob(2, "x", 1, 0.0, 100.0)]
-    # Bound (80 + 50 + 50) / 2 = 90 > 80: job 0 has slack and waits (Smith order); job 1 takes the V100
-    # (ends 50), job 2 the K80. At 50 the bound is (80 + 25) / 2 < 80: job 0 is critical and takes the
-    # V100 (ends 130); job 2 keeps its K80 (50 steps left, ends 100). Avg JCT 93.3, not 103.3 as with
-    # job 0 first (80, then jobs 1 and 2 at 100 and 130); the makespan is 130 either way.
-    assert finishes(run("slurmhet", jobs, inventory, rates, restart_s=10.0)) == {1: 50.0, 2: 100.0, 0: 130.0}
+    jobs = [TraceJob(0, "x", 1, 0.0, 120.0), TraceJob(1, "x", 1, 0.0, 100.0), TraceJob(2, "x", 1, 0.0, 100.0)]
+    # Bound max((60 + 50 + 50) / 2, 60) = 80; job 0 (60 s on the V100) is below 0.8 * 80 = 64, so it has
+    # slack and waits (Smith order); job 1 takes the V100 (ends 50), job 2 the K80. At 50 the bound is
+    # max((60 + 25) / 2, 60) = 60 and job 0 is critical: it takes the V100 (ends 110) and job 2, which
+    # SRPT-FM alone would move there, keeps its K80 (50 steps left, ends 100).
+    assert finishes(run("slurmhet", jobs, inventory, rates, restart_s=10.0)) == {1: 50.0, 2: 100.0, 0: 110.0}
 
 
 def test_slurmhet_runs_the_shipped_planner_on_the_engine_rates() -> None:
