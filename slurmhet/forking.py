@@ -11,11 +11,13 @@ Here, after the plan's own allocations:
 
 * ``idle_gpus``: what the plan leaves free on nodes no foreign job uses;
 * ``job_forker``: offers those GPUs to forkable jobs (``sync: local-sgd`` with a
-  ``checkpoint_dir``) that the plan starts now, then to those that wait. A copy
-  is a gang on one node of one GPU type with the job's own per-copy GPU count
-  (its planned count, or ``gpus.min`` for a waiting job); a job gets at most one
-  copy per node (the paper's n copies for n nodes). A started job's first copy
-  is its planned allocation. A job with fewer than two copies is not forked;
+  ``checkpoint_dir``) that the plan starts now or that wait. A copy is a gang on
+  one node of one GPU type with the job's own per-copy GPU count (its planned
+  count, or ``gpus.min`` for a waiting job); a job gets at most one copy per node
+  (the paper's n copies for n nodes). A started job's first copy is its planned
+  allocation. A job with fewer than two copies is not forked;
+* ``offer_copies``: HadarE's rule for who gets the idle GPUs, one copy at a time
+  to the job that would finish last (the simulator's slurmhet policy uses it too);
 * ``round_steps``: the round's steps, a round length in seconds x the copies'
   aggregate throughput / global batch, capped by the steps left;
 * ``divide_round_steps``: HadarE's throughput-proportional step assignment
@@ -40,6 +42,61 @@ from slurmhet.throughput import ThroughputTable
 DEFAULT_ROUND_S = 360.0
 #: GPUs free on (node, GPU type).
 IdleGpus = dict[tuple[str, str], int]
+
+
+@dataclass(frozen=True)
+class CopyCandidate:
+    """A job that may get copies: its own per-copy size, rates and progress, in any one consistent unit."""
+
+    key: Any
+    #: GPUs per copy (the job's own gang size).
+    per_copy: int
+    #: Work per second of one copy on each GPU type it may run on (absent or 0: not there).
+    copy_rate: Mapping[str, float]
+    #: Work left.
+    remaining: float
+    #: Work per second of what it already runs on (0 for a waiting job).
+    rate: float = 0.0
+    #: Nodes it already runs on (one copy per node).
+    nodes: frozenset[str] = frozenset()
+
+
+def offer_copies(candidates: Sequence[CopyCandidate], free: IdleGpus, limit: int) -> dict[Any, list[tuple[str, str]]]:
+    """Give idle GPUs to candidates as copies, one copy at a time to the job predicted to finish last.
+
+    HadarE (seed 003 V-A) forks so that no node idles while a job's copy is left, and its
+    last rounds go to the job that runs longest; so each step picks the job with the
+    latest finish (remaining / rate; a waiting job's is infinite), which takes a copy on
+    its fastest type on a node it does not use yet (node names in order), until every
+    job has ``limit`` copies (counting what it runs on) or nothing fits. Ties go to the
+    larger gain, then to the earlier candidate. ``free`` is updated in place; returns
+    the new copies per candidate key as ``(node, gpu type)``.
+    """
+    rate = [c.rate for c in candidates]
+    nodes = [set(c.nodes) for c in candidates]
+    out: dict[Any, list[tuple[str, str]]] = {}
+    while True:
+        best: tuple[tuple[float, float, int], int, tuple[str, str]] | None = None
+        for i, cand in enumerate(candidates):
+            if len(nodes[i]) >= limit:
+                continue
+            slot = next(((n, t) for t in sorted(cand.copy_rate, key=lambda t: -cand.copy_rate[t])
+                         if cand.copy_rate[t] > 0
+                         for (n, u), count in sorted(free.items())
+                         if u == t and count >= cand.per_copy and n not in nodes[i]), None)
+            if slot is None:
+                continue
+            finish = cand.remaining / rate[i] if rate[i] > 0 else math.inf
+            score = (finish, cand.copy_rate[slot[1]], -i)
+            if best is None or score > best[0]:
+                best = (score, i, slot)
+        if best is None:
+            return out
+        _, i, slot = best
+        free[slot] -= candidates[i].per_copy
+        rate[i] += candidates[i].copy_rate[slot[1]]
+        nodes[i].add(slot[0])
+        out.setdefault(candidates[i].key, []).append(slot)
 
 
 @dataclass(frozen=True)
@@ -133,48 +190,37 @@ def job_forker(plan: Plan, inventory: Inventory, table: ThroughputTable, ready: 
     free = idle_gpus(plan, inventory, busy_nodes)
     planned = {jp.job_id: jp for jp in plan.jobs}
     specs = {str(k): v for k, v in ready.items()}
-    # Jobs the plan starts now are offered idle GPUs first, then those that wait; each in plan order.
+    # Candidates in plan order, started jobs first (ties in offer_copies go to the earlier one).
     order = sorted((jid for jid in specs if jid in planned),
                    key=lambda jid: (planned[jid].allocation is None, planned[jid].order, jid))
-    out: dict[str, ForkedJob] = {}
+    candidates, owned, job_rate, left = [], {}, {}, {}
     for jid in order:
         spec, job_plan = specs[jid], planned[jid]
         if not forkable(spec) or job_plan.colocation_group:
             continue
         remaining = spec.total_steps - steps_done.get(jid, 0)
-        if remaining < 2:
-            continue
         own = job_plan.allocation
-        if own is not None and len(own.slots) != 1:
+        if remaining < 2 or (own is not None and len(own.slots) != 1):
             continue  # a gang spanning nodes or types stays a gang (a copy lives on one node of one type)
-        per_copy = own.gpus if own is not None else spec.gpus.min
         try:
             rates, _ = job_rates(plan_job_from_spec(jid, spec, 0.0), table, usable.gpu_types)
         except InputError:
             continue
-        copies: list[Allocation] = [own] if own is not None else []
-        used_nodes = {own.slots[0][0]} if own is not None else set()
-        offers = sorted(((node, gpu_type) for (node, gpu_type), n in free.items()
-                         if n >= per_copy and rates.get(gpu_type, 0) > 0),
-                        key=lambda k: (-rates[k[1]], k[0], k[1]))
-        for node, gpu_type in offers:
-            if len(copies) >= limit:
-                break
-            if node in used_nodes or free.get((node, gpu_type), 0) < per_copy:
-                continue
-            copies.append(Allocation(((node, gpu_type, per_copy),)))
-            used_nodes.add(node)
-        if own is None:
-            copies.sort(key=lambda c: -rates[c.slots[0][1]])
-        fork = _steps_for(jid, spec, copies, rates, remaining, round_s, rounds.get(jid, 0))
-        if fork is None:
-            continue
-        for copy in fork.copies:
-            if copy is own:
-                continue
-            node, gpu_type, count = copy.slots[0]
-            free[(node, gpu_type)] -= count
-        out[jid] = fork
+        per_copy = own.gpus if own is not None else spec.gpus.min
+        owned[jid], job_rate[jid], left[jid] = own, rates, remaining
+        candidates.append(CopyCandidate(  # samples and samples/s
+            jid, per_copy, {t: r * per_copy for t, r in rates.items()}, remaining * spec.global_batch,
+            rates[own.slots[0][1]] * per_copy if own is not None else 0.0,
+            frozenset({own.slots[0][0]}) if own is not None else frozenset()))
+    offered = offer_copies(candidates, dict(free), limit)
+    out: dict[str, ForkedJob] = {}
+    for cand in candidates:
+        jid, own = cand.key, owned[cand.key]
+        extra = [Allocation(((node, gpu_type, cand.per_copy),)) for node, gpu_type in offered.get(jid, [])]
+        copies = ([own] if own is not None else []) + sorted(extra, key=lambda c: -job_rate[jid][c.slots[0][1]])
+        fork = _steps_for(jid, specs[jid], copies, job_rate[jid], left[jid], round_s, rounds.get(jid, 0))
+        if fork is not None:
+            out[jid] = fork
     return out
 
 

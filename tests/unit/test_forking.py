@@ -91,17 +91,22 @@ def test_divided_steps_sum_to_the_round_and_follow_throughput(total: int, rates:
 
 
 def test_no_capacity_overcommit_across_jobs() -> None:
-    # Two forkable jobs started now, two-GPU copies, one waiting forkable job: the idle GPUs go around once.
+    # Two forkable jobs started now, two-GPU copies, one waiting forkable job with one-GPU copies.
     plan = _plan(_jp("1", (("nodea", "v100", 2),), 0), _jp("2", (("nodeb", "t4", 2),), 1), _jp("3", None, 2))
     two = GpuRequest(1, 2)
     forks = job_forker(plan, INVENTORY, TABLE, {1: _spec(gpus=two), 2: _spec(gpus=two), 3: _spec()}, round_s=60)
     used = _used(plan, forks)
     capacity = {(n.name, t): c for n in INVENTORY.nodes for t, c in n.gpus.items()}
     assert all(used[k] <= capacity[k] for k in used), used
-    # Job 1 (first in plan order) takes nodeb's other two t4 and nodec's two k80; job 2 gets nodea's two v100.
-    assert [c.slots[0] for c in forks["1"].copies] == [("nodea", "v100", 2), ("nodeb", "t4", 2), ("nodec", "k80", 2)]
-    assert [c.slots[0] for c in forks["2"].copies] == [("nodeb", "t4", 2), ("nodea", "v100", 2)]
-    assert "3" not in forks  # nothing is left for the waiting job
+    # HadarE's rule, one copy at a time to the job that would finish last (samples left / samples/s):
+    # job 3 waits (infinite) and takes a v100 on nodea (now 64,000 / 1,600 = 40 s); jobs 2 and 3 tie at
+    # 40 s and at a gain of 800/s (k80 x2 on nodec vs one t4 on nodeb), so job 2, the earlier, takes
+    # nodec's k80s (26.7 s); job 3 takes a t4 on nodeb (26.7 s). Nothing left fits: nodea keeps one
+    # v100, nodeb one t4, and job 1 (20 s, the first to finish) gets no copy.
+    assert "1" not in forks
+    assert [c.slots[0] for c in forks["2"].copies] == [("nodeb", "t4", 2), ("nodec", "k80", 2)]
+    assert [c.slots[0] for c in forks["3"].copies] == [("nodea", "v100", 1), ("nodeb", "t4", 1)]
+    assert forks["2"].round_steps == (667, 333)  # 1,000 steps left at 1,600 : 800 samples/s
     for fork in forks.values():
         assert len({c.slots[0][0] for c in fork.copies}) == len(fork.copies)  # one copy per node
 

@@ -154,5 +154,7 @@ def test_slurmhet_forking_leaves_a_full_cluster_alone() -> None:
     jobs, inventory, rates = _instance()
     config = SimConfig(round_s=1000.0, restart_s=10.0, consolidate_s=5.0)
     out = run_policies(jobs, inventory, rates, {"s": SlurmhetForking(round_s=1000.0)}, config).runs["s"]
-    # Both GPUs are planned: no copy. Job 0 on the V100 (100 s); job 1 on the K80 (100 s).
-    assert finishes(out) == {0: 100.0, 1: 100.0} and all(r.restarts == 0 for r in out.records)
+    # Both GPUs are planned: no copy. The revisable plan gives the V100 to the shorter job 1 (ends 50)
+    # and the K80 to job 0 (forking has no critical jobs); the next decision is the 1,000 s round, so
+    # job 0 stays on the K80 (200 steps at 1/s: ends 200) and nothing restarts.
+    assert finishes(out) == {1: 50.0, 0: 200.0} and all(r.restarts == 0 for r in out.records)
