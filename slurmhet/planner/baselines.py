@@ -20,6 +20,7 @@ from collections import defaultdict
 import pulp
 
 from slurmhet.planner.sjf_bco import Gpu, GpuPlanPolicy, PlanState, bisect_theta, build_plan
+from slurmhet.planner.solver import pulp_highs
 from slurmhet.planner.time_base import (ClusterView, Free, JobState, Placement, TimePolicy, greedy_fill,
                                        make_gang)
 
@@ -239,7 +240,7 @@ class SchedAllox(TimePolicy):
         for g in capacity:
             for p in range(1, len(waiting) + 1):
                 problem += pulp.lpSum(v for k, v in x.items() if k[1] == g and k[2] == p) <= 1
-        problem.solve(pulp.HiGHS(msg=False))
+        problem.solve(pulp_highs())
         matched = sorted((k for k, v in x.items() if (v.value() or 0) > 0.5), key=lambda k: (-k[2], k[0]))
         by_id = {j.job_id: j for j in waiting}
         free = view.free(out.values())

@@ -24,6 +24,7 @@ import numpy as np
 
 from slurmhet.errors import InputError
 from slurmhet.planner.problem import Problem
+from slurmhet.planner.solver import highs
 
 #: Refuse to enumerate more count vectors than this in total.
 MAX_VECTORS = 3_000_000
@@ -78,8 +79,7 @@ def lower_bound(problem: Problem, max_iterations: int = 200, tolerance: float = 
             total += float(value[o])
         return total, picks
 
-    lp = highspy.Highs()
-    lp.setOptionValue("output_flag", False)
+    lp = highs()
     inf = highspy.kHighsInf
     ceiling = max(float(c.min()) for _, c in data) * 10 + 1.0  # prices above any job's run time change nothing
     lp.addVars(types, np.zeros(types), np.full(types, ceiling))

@@ -23,6 +23,7 @@ import pulp
 from slurmhet.errors import InputError
 from slurmhet.planner.model import Progress
 from slurmhet.planner.problem import Problem, spread_fill
+from slurmhet.planner.solver import pulp_highs
 
 #: Refuse to build MILPs larger than this many binaries (the benchmark reports the size instead).
 MAX_OPTIONS = 60_000
@@ -77,7 +78,7 @@ def exact_milp(problem: Problem, progress: Progress | None = None,
                        if node == n and x[t]]
             if on_node:
                 model += pulp.lpSum(on_node) <= int(problem.capacity[n, t])
-    status = model.solve(pulp.HiGHS(msg=False, gapRel=0.0, timeLimit=time_limit_s))
+    status = model.solve(pulp_highs(gapRel=0.0, timeLimit=time_limit_s))
     if pulp.LpStatus[status] != "Optimal":
         raise AssertionError(f"exact MILP ended {pulp.LpStatus[status]}")
     chosen = [next(opts[o] for o in range(len(opts)) if (z[j][o].value() or 0) > 0.5) for j, opts in enumerate(options)]

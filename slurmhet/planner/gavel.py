@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pulp
 
+from slurmhet.planner.solver import pulp_highs
 from slurmhet.planner.time_base import ClusterView, Free, JobState, Placement, TimePolicy
 
 
@@ -33,7 +34,7 @@ def max_min_fairness_lp(view: ClusterView, jobs: list[JobState]) -> dict[tuple[i
         problem += pulp.lpSum(rate[k] / equal * x[k] for k in keys) >= job.weight * floor
     for g in types:
         problem += pulp.lpSum(j.gpus * x[(j.job_id, g)] for j in jobs if (j.job_id, g) in x) <= capacity[g]
-    problem.solve(pulp.HiGHS(msg=False))
+    problem.solve(pulp_highs())
     return {k: v.value() or 0.0 for k, v in x.items() if (v.value() or 0.0) > 1e-6}
 
 

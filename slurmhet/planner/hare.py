@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import pulp
 
+from slurmhet.planner.solver import pulp_highs
 from slurmhet.planner.time_base import ClusterView, Free, JobState, Placement, TimePolicy, make_gang
 
 
@@ -55,7 +56,7 @@ def relaxation_order(view: ClusterView, jobs: list[JobState], rounds: int = 6) -
                 added += 1
         if not added:
             break
-        problem.solve(pulp.HiGHS(msg=False))
+        problem.solve(pulp_highs())
         order = sorted(jobs, key=lambda j: c[j.job_id].value() or 0.0)
     return {j.job_id: (c[j.job_id].value() or 0.0) - length[j.job_id] + slowest[j.job_id] / 2 for j in jobs}
 

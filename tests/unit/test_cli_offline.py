@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -40,3 +42,33 @@ def test_simulate_refuses_negative_or_nan_overheads() -> None:
     for flag, value in (("--start-s", "-1"), ("--restart-s", "nan")):
         result = runner.invoke(main, ["simulate", "--generate", "3", "--cluster", "v100:4", flag, value])
         assert result.exit_code == 2 and f"{flag} must be a finite number of seconds >= 0" in result.output, result.output
+
+
+def test_simulate_json_on_stdout_is_only_json_with_lp_policies() -> None:
+    """A real process, so output written by C code (HiGHS's banner) is seen too; gavel-mmf and hare solve LPs."""
+    command = [sys.executable, "-c", "from slurmhet.cli import main; main()", "simulate", "--generate", "6",
+               "--cluster", "v100:8,k80:8", "--policy", "gavel-mmf,hare,sched-allox", "--seed", "2", "--json"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr
+    assert set(json.loads(done.stdout)["policies"]) == {"gavel-mmf", "hare", "sched-allox"}
+
+
+def test_solver_prints_nothing_to_stdout() -> None:
+    script = ("import pulp\nfrom slurmhet.planner.solver import highs, pulp_highs\n"
+              "p = pulp.LpProblem('x', pulp.LpMinimize)\nx = p.add_variable('x', 0)\np += x\np += x >= 1\n"
+              "p.solve(pulp_highs())\nhighs()\nprint(x.value())\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "1.0\n"
+
+
+def test_simulate_refuses_jobs_the_cluster_or_a_policy_cannot_place() -> None:
+    runner = CliRunner()
+    too_big = runner.invoke(main, ["simulate", "--generate", "6", "--cluster", "v100:1", "--seed", "0"])
+    assert too_big.exit_code == 2 and "job 1: asks 4 GPUs; the cluster has 1" in too_big.output, too_big.output
+    # 4-GPU jobs fit the 4 GPUs, but gavel-mmf runs a job on one type and each type has 2: a clean exit 2, not a trace.
+    starved = runner.invoke(main, ["simulate", "--generate", "6", "--cluster", "v100:2,k80:2", "--policy",
+                                   "slurmhet,gavel-mmf", "--seed", "0"])
+    assert starved.exit_code == 2, starved.output
+    assert "--policy gavel-mmf: gavel-mmf places none of the waiting jobs 1 (4 GPUs)" in starved.output
+    assert "GPUs per type: k80 2, v100 2" in starved.output and "Traceback" not in starved.output
