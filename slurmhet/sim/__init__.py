@@ -14,7 +14,7 @@ from slurmhet.errors import InputError
 from slurmhet.planner.time_base import TimePolicy
 from slurmhet.planner.time_registry import TIME_POLICIES
 from slurmhet.sim.contention import ContentionModel
-from slurmhet.sim.engine import Engine, SimConfig, SimulationError
+from slurmhet.sim.engine import Engine, PolicyStarved, SimConfig, SimulationError
 from slurmhet.sim.generator import generate_trace
 from slurmhet.sim.metrics import SimReport, summarize
 from slurmhet.sim.rates import GavelThroughputs, RateModel, ThroughputSource
@@ -67,9 +67,20 @@ def simulate(trace_jobs: Sequence[TraceJob], inventory: Inventory, table: Throug
         if not any(rates.type_rate(job.job_type, job.gpus, t) > 0 for t in usable.gpu_types):
             raise InputError(f"job {job.job_id} ({job.job_type}) has no throughput on any GPU type of the cluster",
                              place=f"job {job.job_id}", hint="check the throughput table and the cluster's types")
+    total = sum(usable.gpus_by_type().values())
+    for job in jobs:
+        if job.gpus > total:
+            raise InputError(f"asks {job.gpus} GPUs; the cluster has {total}",
+                             place=f"job {job.job_id}", hint="a larger --cluster, or drop the job from the trace")
     config = SimConfig(round_s=round_s, restart_s=restart_s, consolidate_s=consolidate_s, start_s=start_s)
     instances = {name: TIME_POLICIES[name](seed=seed, round_s=round_s) for name in policies}
-    report = run_policies(jobs, usable, rates, instances, config, progress)
+    try:
+        report = run_policies(jobs, usable, rates, instances, config, progress)
+    except PolicyStarved as exc:
+        types = ", ".join(f"{t} {c}" for t, c in sorted(usable.gpus_by_type().items()))
+        raise InputError(f"{exc} (GPUs per type: {types})", place=f"--policy {exc.policy}",
+                         hint="this policy runs a job on GPUs of one type (or one server); give the cluster enough of "
+                              "one type for the largest job, or leave the policy out") from exc
     report.meta.update(round_s=round_s, restart_s=restart_s, start_s=start_s, seed=seed)
     return report
 

@@ -32,6 +32,16 @@ class SimulationError(RuntimeError):
     """A policy broke an invariant (capacity, infeasible type) or starved the queue."""
 
 
+class PolicyStarved(SimulationError):
+    """The policy leaves the whole cluster idle while jobs wait: it cannot place them on this cluster."""
+
+    def __init__(self, policy: str, now: float, waiting: list[JobState]) -> None:
+        self.policy, self.now, self.waiting = policy, now, waiting
+        shown = ", ".join(f"{j.job_id} ({j.gpus} GPUs)" for j in waiting[:5])
+        more = f" and {len(waiting) - 5} more" if len(waiting) > 5 else ""
+        super().__init__(f"{policy} places none of the waiting jobs {shown}{more} on an idle cluster at t={now:.0f}")
+
+
 @dataclass(frozen=True)
 class SimConfig:
     round_s: float = 360.0
@@ -127,12 +137,10 @@ class Engine:
             for job_id, rate in rates.items():
                 if rate > 0:
                     horizon.append(self.now + self.restart_left[job_id] + self.active[job_id].remaining / rate)
-            if not horizon:
-                raise SimulationError(f"{self.policy.key}: {len(self.active)} jobs wait but nothing runs or arrives")
             running = any(j.running for j in self.active.values())
             idle_rounds = 0 if running or self.pending else idle_rounds + 1
-            if idle_rounds > 3:
-                raise SimulationError(f"{self.policy.key}: queue starved at t={self.now:.0f}")
+            if not horizon or idle_rounds > 3:
+                raise PolicyStarved(self.policy.key, self.now, sorted(self.active.values(), key=lambda j: j.job_id))
             dirty |= self._advance(max(min(horizon), self.now), rates)
         return self.run_out
 
