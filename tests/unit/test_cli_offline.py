@@ -72,3 +72,9 @@ def test_simulate_refuses_jobs_the_cluster_or_a_policy_cannot_place() -> None:
     assert starved.exit_code == 2, starved.output
     assert "--policy gavel-mmf: gavel-mmf places none of the waiting jobs 1 (4 GPUs)" in starved.output
     assert "GPUs per type: k80 2, v100 2" in starved.output and "Traceback" not in starved.output
+
+
+def test_bench_unknown_case_exits_2() -> None:
+    for command in ("reproduce", "placement"):
+        result = CliRunner().invoke(main, ["bench", command, "--case", "nope"])
+        assert result.exit_code == 2 and "--case: unknown case 'nope'" in result.output, result.output

@@ -1,6 +1,6 @@
 """bench.reproduce in --quick mode: every case runs, reports ratios against slurmhet."""
 
-from bench.reproduce import run
+from bench.reproduce import median_over_seeds, run
 
 
 def test_quick_cases_report_metrics_and_ratios() -> None:
@@ -15,3 +15,17 @@ def test_quick_cases_report_metrics_and_ratios() -> None:
     assert cases["sjfbco"]["kappa_sweep_makespan"]
     assert {"M-1", "M-5"} <= set(cases["hadare"]["mixes"])
     assert cases["scale"]["policies"]["slurmhet"]["plan_seconds_first"] < 10
+
+
+def test_median_over_seeds_orders_policies_by_median_ttd() -> None:
+    def m(ttd: float, jct: float = 1.0, util: float = 0.5) -> dict[str, float]:
+        return {"makespan": ttd, "avg_jct": jct, "utilization": util}
+
+    # One seed where b's long job lands badly must not decide the order: medians are 10 / 20 / 30.
+    per_seed = {"1": {"slurmhet": m(10), "a": m(20), "b": m(90)},
+                "2": {"slurmhet": m(12), "a": m(25), "b": m(30)},
+                "3": {"slurmhet": m(8, 3.0), "a": m(19), "b": m(15)}}
+    out = median_over_seeds(per_seed)
+    assert out["median"]["b"]["makespan"] == 30 and out["median"]["slurmhet"]["avg_jct"] == 1.0
+    assert out["ttd_order_of_medians"] == ["slurmhet", "a", "b"]
+    assert out["median_ratios_vs_slurmhet"]["a"]["makespan"] == 2.0
