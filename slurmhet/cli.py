@@ -402,6 +402,14 @@ def replan(obj: Context, mode: str, every_s: float | None, dry_run: bool, as_jso
         time.sleep(every_s)
 
 
+#: ``slurmhet simulate``'s table: JSON key, header, scale, format (hours and milliseconds, so 80 columns hold it;
+#: ``--json`` has every metric in seconds).
+SIMULATE_COLUMNS = (("avg_jct", "JCT h", 1 / 3600, "{:,.2f}"), ("weighted_jct", "wJCT h", 1 / 3600, "{:,.0f}"),
+                    ("makespan", "span h", 1 / 3600, "{:,.1f}"), ("utilization", "util", 1.0, "{:.3f}"),
+                    ("avg_queue", "queue h", 1 / 3600, "{:,.2f}"), ("jain", "Jain", 1.0, "{:.3f}"),
+                    ("plan_seconds", "plan ms", 1000.0, "{:,.1f}"))
+
+
 def _progress_bar(total_label: str) -> Any:
     """A rich progress bar on a terminal, nothing otherwise (pipes and --json stay clean)."""
     from rich.progress import Progress
@@ -458,12 +466,12 @@ def simulate(trace_path: str | None, generate_n: int | None, arrivals: str, clus
         _emit_json(data)
         return
     table = Table(title=f"slurmhet simulate: {len(jobs)} jobs on {sum(inventory.gpus_by_type().values())} GPUs")
-    columns = ("avg_jct", "weighted_jct", "makespan", "utilization", "avg_queue", "jain", "plan_seconds")
-    for column in ("policy", *columns):
-        table.add_column(column)
+    table.add_column("policy", no_wrap=True)
+    for _, header, _, _ in SIMULATE_COLUMNS:
+        table.add_column(header, justify="right", no_wrap=True)
     for name, metrics in data["policies"].items():
-        table.add_row(name, *(f"{metrics[c]:.4g}" if isinstance(metrics.get(c), (int, float)) else "-"
-                              for c in columns))
+        table.add_row(name, *(form.format(metrics[key] * scale) if isinstance(metrics.get(key), (int, float)) else "-"
+                              for key, _, scale, form in SIMULATE_COLUMNS))
     console.print(table)
 
 

@@ -78,3 +78,12 @@ def test_bench_unknown_case_exits_2() -> None:
     for command in ("reproduce", "placement"):
         result = CliRunner().invoke(main, ["bench", command, "--case", "nope"])
         assert result.exit_code == 2 and "--case: unknown case 'nope'" in result.output, result.output
+
+
+def test_simulate_table_fits_80_columns() -> None:
+    """Without --json: hours and milliseconds, so no cell of a pipe's 80-column table is cut to '…'."""
+    result = CliRunner().invoke(main, ["simulate", "--generate", "12", "--cluster", "v100:8,k80:8", "--policy",
+                                       "slurmhet,sched-allox", "--seed", "3"])
+    assert result.exit_code == 0, result.output
+    assert "JCT h" in result.output and "plan ms" in result.output and "sched-allox" in result.output
+    assert "…" not in result.output and max(len(line) for line in result.output.splitlines()) <= 80
