@@ -221,10 +221,14 @@ class SchedAllox(TimePolicy):
 
     def decide(self, view: ClusterView) -> dict[int, Placement]:
         out = self.keep_running(view)
-        waiting = [j for j in view.jobs if not j.running][: self.window]
+        capacity = view.type_capacity()
+        # A job no type can hold (more GPUs than the type has) cannot be matched: left in, its "== 1" row would
+        # make the whole LP infeasible and stall every other job.
+        waiting = [j for j in view.jobs if not j.running and any(
+            c >= j.gpus and view.rates.type_rate(j.job_type, j.gpus, g) > 0 for g, c in capacity.items())]
+        waiting = waiting[: self.window]
         if not waiting:
             return out
-        capacity = view.type_capacity()
         cost = {}
         for job in waiting:
             for g, c in capacity.items():

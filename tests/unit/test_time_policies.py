@@ -10,6 +10,7 @@ from slurmhet.cluster import Inventory, Node
 from slurmhet.planner.time_registry import TIME_POLICIES
 from slurmhet.sim import SimConfig, run_policies
 from slurmhet.sim.contention import ContentionModel
+from slurmhet.sim.engine import PolicyStarved
 from slurmhet.sim.rates import RateModel
 from slurmhet.sim.traces import TraceJob
 from tests.unit.sim_rates import PairRates, TinyRates, tiny
@@ -158,3 +159,14 @@ def test_slurmhet_forking_leaves_a_full_cluster_alone() -> None:
     # and the K80 to job 0 (forking has no critical jobs); the next decision is the 1,000 s round, so
     # job 0 stays on the K80 (200 steps at 1/s: ends 200) and nothing restarts.
     assert finishes(out) == {1: 50.0, 0: 200.0} and all(r.restarts == 0 for r in out.records)
+
+
+def test_sched_allox_matches_the_jobs_that_fit_beside_one_no_type_holds() -> None:
+    """A 2-GPU job on one V100 + one K80 fits no single type: it must not make the matching LP infeasible
+    and stall the 1-GPU jobs (they run as in the two-job schedule); the engine then reports it starved."""
+    jobs, inventory, rates = _instance()
+    policy = TIME_POLICIES["sched-allox"](seed=0, round_s=60.0)
+    with pytest.raises(PolicyStarved) as starved:
+        run_policies(jobs + [TraceJob(2, "x", 2, 0.0, 100.0)], inventory, rates, {"sched-allox": policy},
+                     SimConfig(restart_s=10.0))
+    assert [j.job_id for j in starved.value.waiting] == [2] and starved.value.now == pytest.approx(100.0)
