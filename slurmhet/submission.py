@@ -23,7 +23,9 @@ from slurmhet.emit.from_plan import EmitSettings, pack_parts, requests_for
 from slurmhet.emit.multipart import MultiPartOutcome, MultiPartSubmitter, Part
 from slurmhet.errors import InputError
 from slurmhet.forking import DEFAULT_ROUND_S, ForkedJob, job_forker
-from slurmhet.planner import POLICIES, Allocation, JobPlan, Plan, PlanningInput, Progress, plan_job_from_spec
+from slurmhet.planner import (
+    POLICIES, QUEUE_PREPARE, Allocation, JobPlan, Plan, PlanningInput, Progress, plan_job_from_spec,
+)
 from slurmhet.slurm.client import SlurmClient
 from slurmhet.slurm.parsers import QueueRecord
 from slurmhet.slurm.profile import SiteProfile
@@ -170,7 +172,8 @@ def plan_for(candidates: Sequence[Candidate], inventory: Inventory, table: Throu
     jobs = tuple(plan_job_from_spec(str(c.job_id), c.spec, c.submitted_at, samples_done=c.samples_done,
                                     current=c.current) for c in candidates)
     try:
-        return POLICIES[policy](PlanningInput(jobs, usable, table, now=now), progress=progress)
+        inp = PlanningInput(jobs, usable, table, now=now)
+        return POLICIES[policy](QUEUE_PREPARE.get(policy, lambda given: given)(inp), progress=progress)
     except InputError as exc:
         # Planner errors name the planner's job id; users know their jobs by name and spec line.
         for c in candidates:

@@ -24,21 +24,11 @@ State -> PlanningInput
   (seed 004's f(alpha, k) and xi2); the engine charges both.
 - GPUs: ``min_gpus = max_gpus`` = the trace's scale; allowed types are those where the
   engine's rate is positive (e.g. no out-of-memory types); weight and arrival as traced.
-- Ordering (the one piece kept from the former re-implementation): the pipeline admits
-  jobs in priority, then weighted-shortest-predicted-time order. Jobs on the critical
-  path get priorities, longest first, so that no long job sets the makespan by starting
-  last; the others keep the planner's own WSPT order. The makespan lower bound is
-  ``max(total remaining GPU-time / GPUs, longest remaining time)``, each job timed on its
-  fastest type packed on the fewest servers of that type (``ClusterView.packed_remaining_time``:
-  a job larger than a server pays the all-reduce between servers, which the one-server cell
-  hides; timed on that cell, 8-GPU LM jobs on 4-GPU servers looked 9x shorter than they are,
-  never became critical and set the ``hadar`` TTD on trace seed 1); a job is critical when
-  its remaining time reaches ``critical_share``
-  (0.8) of it, i.e. it has at most 20% slack. Jobs far below the longest one have slack
-  and keep their WSPT place: marking every job above the load term (formerly) cost the
-  ``hare`` case 14% of weighted JCT, because under Poisson arrivals most long jobs are
-  above it; 0.8 rather than 1 keeps the near-longest jobs of a batch (Gavel's
-  minimize_makespan trace) from starting on slow GPUs. Numbers: bench/README.md.
+- Ordering: the pipeline admits jobs in priority, then weighted-shortest-predicted-time
+  order, and the input goes through ``critical.with_critical_path`` first, as in
+  ``slurmhet replan``: jobs on the critical path get priorities, longest first, so that no
+  long job sets the makespan by starting last (``critical_share``; the rule and its numbers
+  are in ``planner/critical.py`` and bench/README.md).
 - Objective: with ``migrate`` the plan is revised at every decision, so the planner runs
   in its preemptive mode (``pin_running=False``): it maximises weighted progress now,
   ``sum w_j / T_j``, which hands the fastest GPUs to the jobs with the least work left
@@ -68,6 +58,7 @@ from collections import defaultdict
 
 from slurmhet.cluster import Inventory, Node
 from slurmhet.forking import CopyCandidate, offer_copies
+from slurmhet.planner.critical import CRITICAL_SHARE, with_critical_path
 from slurmhet.planner.model import Allocation, ColocationSettings, JobPlan, PlanJob, PlanningInput
 from slurmhet.planner.registry import POLICIES
 from slurmhet.planner.time_base import ClusterView, Decision, JobState, Placement, TimePolicy, make_gang
@@ -90,7 +81,7 @@ class SlurmhetOverTime(TimePolicy):
     #: pays the engine's checkpoint-restart).
     migrate = True
     #: A job whose remaining time is at least this share of the makespan lower bound is critical.
-    critical_share = 0.8
+    critical_share = CRITICAL_SHARE
     colocation = ColocationSettings(max_group=2)
     #: Fork jobs into copies on the GPUs the plan leaves idle (HadarE's Job Forker, ``forking.job_forker``'s
     #: rules), as ``slurmhet submit`` does for ``sync: local-sgd`` jobs; a set-up whose jobs may all be
@@ -122,7 +113,6 @@ class SlurmhetOverTime(TimePolicy):
         inventory = Inventory(tuple(Node(n, nodes[n]) for n in view.node_order if n in nodes),
                               intra_node_gbps=math.inf, inter_node_gbps=view.inter_node_gbps)
         guests = {j for group in view.shared for j in group[1:]}  # pinned once: the GPU counts once
-        priority = self._critical_priorities(view)
         jobs = []
         for job in view.jobs:
             allowed = tuple(t for t in types if view.rates.type_rate(job.job_type, job.gpus, t) > 0)
@@ -133,23 +123,12 @@ class SlurmhetOverTime(TimePolicy):
                 id=str(job.job_id), workload=workload_of(job), samples_remaining=max(job.remaining, 1e-9),
                 global_batch=job.gpus, model_size_mb=1000.0 * view.rates.model_gb(job.job_type),
                 min_gpus=job.gpus, max_gpus=job.gpus, allowed_types=allowed, weight=job.weight,
-                priority=priority.get(job.job_id, 0), colocate=job.gpus == 1,
+                colocate=job.gpus == 1,
                 gpu_memory_gb=NOMINAL_MEMORY_GB if job.gpus == 1 else None, submitted_at=job.arrival,
                 current=current))
-        return PlanningInput(tuple(jobs), inventory, self.throughput_table(view), view.now,
-                             pin_running=not self.migrate, colocation=self.colocation, seed=self.seed)
-
-    def _critical_priorities(self, view: ClusterView) -> dict[int, int]:
-        """Critical-path jobs, longest first, get priorities n..1; the others keep 0 (WSPT).
-
-        The bound is ``max(load term, longest remaining time)`` (both on each job's fastest type, packed)."""
-        gpus = sum(view.capacity.values())
-        left = {j.job_id: view.packed_remaining_time(j) for j in view.jobs}
-        load = sum(left[j.job_id] * j.gpus for j in view.jobs) / max(gpus, 1)
-        bound = max(load, *left.values())
-        critical = sorted((j for j in view.jobs if left[j.job_id] >= self.critical_share * bound),
-                          key=lambda j: (left[j.job_id], -j.arrival, -j.job_id))
-        return {job.job_id: rank + 1 for rank, job in enumerate(critical)}
+        return with_critical_path(PlanningInput(tuple(jobs), inventory, self.throughput_table(view), view.now,
+                                                pin_running=not self.migrate, colocation=self.colocation,
+                                                seed=self.seed), self.critical_share)
 
     @staticmethod
     def throughput_table(view: ClusterView) -> ThroughputTable:

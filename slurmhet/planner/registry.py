@@ -5,9 +5,11 @@ Every planner has the signature ``(PlanningInput, progress=None) -> Plan``.
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Callable, Mapping
 
 from slurmhet.planner import exact, has, hetero, jps, optimus
+from slurmhet.planner.critical import with_critical_path
+from slurmhet.planner.model import PlanningInput
 from slurmhet.planner.pipeline import Policy, make_policy
 
 DEFAULT_POLICY = "slurmhet"
@@ -23,3 +25,7 @@ POLICIES: Mapping[str, Policy] = {
     "exhaustive": make_policy("exhaustive", exact.exact_milp),
     "brute-force": make_policy("brute-force", exact.brute_force),
 }
+
+#: What a policy does to a queue's input before planning it over time (``slurmhet submit``/``replan`` and the
+#: simulator); the one-shot placement benchmarks of seed 001 plan the input as given.
+QUEUE_PREPARE: Mapping[str, Callable[[PlanningInput], PlanningInput]] = {"slurmhet": with_critical_path}

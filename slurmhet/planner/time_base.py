@@ -198,31 +198,6 @@ class ClusterView:
         best = self.best_type_rate(job)
         return job.remaining / best if best > 0 else float("inf")
 
-    def packed_rate(self, job: JobState, gpu_type: str) -> float:
-        """The job's rate on the fewest servers of ``gpu_type`` that hold it (largest first), uncontended.
-
-        ``type_rate`` assumes one server; a job larger than any server of the type can only run spread and
-        pays the all-reduce between servers (on 4-GPU servers an 8-GPU LM job runs 9x slower than the
-        one-server cell)."""
-        counts = sorted(((c, n) for (n, t), c in self.capacity.items() if t == gpu_type and c > 0),
-                        key=lambda x: (-x[0], x[1]))
-        gang, need = [], job.gpus
-        for count, node in counts:
-            if need <= 0:
-                break
-            gang.append((node, gpu_type, min(count, need)))
-            need -= min(count, need)
-        if need > 0:
-            return 0.0
-        if len(gang) == 1:
-            return self.rates.type_rate(job.job_type, job.gpus, gpu_type)
-        return self.rates.rate(job.job_type, job.gpus, (tuple(gang),), "proportional")
-
-    def packed_remaining_time(self, job: JobState) -> float:
-        """Remaining seconds on the job's fastest type, packed on the fewest servers (see ``packed_rate``)."""
-        best = max((self.packed_rate(job, t) for t in self.gpu_types()), default=0.0)
-        return job.remaining / best if best > 0 else float("inf")
-
 
 class TimePolicy:
     """Base of all policies over time; subclasses set the attributes and implement ``decide``."""

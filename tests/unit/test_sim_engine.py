@@ -8,11 +8,11 @@ from slurmhet.cluster import Inventory, Node, parse_cluster_spec
 from slurmhet.planner.time_registry import TIME_POLICIES
 from slurmhet.sim import SimConfig, default_throughputs, generate_trace, run_policies, simulate
 from slurmhet.sim.contention import ContentionModel, contenders
-from slurmhet.planner.time_base import ClusterView, Decision, JobState, TimePolicy
+from slurmhet.planner.time_base import Decision, TimePolicy
 from slurmhet.sim.engine import SimulationError, check_capacity
 from slurmhet.sim.rates import RateModel
 from slurmhet.sim.traces import TraceJob, resolve_steps
-from tests.unit.sim_rates import PairRates, TinyRates, tiny
+from tests.unit.sim_rates import PairRates, tiny
 
 
 def one_gpu() -> Inventory:
@@ -166,19 +166,3 @@ def test_report_json_and_plots(tmp_path) -> None:
     paths = write_plots(report, tmp_path)
     assert all(p.exists() and p.stat().st_size > 0 for p in paths)
 
-
-def test_packed_remaining_time_charges_the_all_reduce_a_job_larger_than_a_server_pays() -> None:
-    """A 6-GPU job: V100s only as 4 + 2 on two servers, K80s on one 8-GPU server."""
-    rates = RateModel(TinyRates({"x": {"v100": 2.0, "k80": 1.0}}), ContentionModel(1.0, xi1=1.0, xi2=0.0, alpha=0.5),
-                      {"x": 0.4})
-    capacity = {("a", "v100"): 4, ("b", "v100"): 2, ("c", "k80"): 8}
-    job = JobState(0, "x", 6, 1.0, 0.0, 600.0, 600.0)
-    view = ClusterView(0.0, capacity, [job], rates, ("a", "b", "c"))
-    # One server's cell: 6 tasks of 0.5 s on V100s -> 12 steps/s, 50 s; that server does not exist.
-    assert view.remaining_time(job) == pytest.approx(50.0)
-    # Spread over a and b: compute 6 / 12 = 0.5 s + all-reduce 2 * 5/6 * 0.4 GB / 1 GB/s = 0.667 s per iteration.
-    assert view.packed_rate(job, "v100") == pytest.approx(6 / (0.5 + 2 * 5 / 6 * 0.4))
-    # The K80 server holds it whole: 6 steps/s, faster than the spread V100s.
-    assert view.packed_rate(job, "k80") == pytest.approx(6.0)
-    assert view.packed_remaining_time(job) == pytest.approx(100.0)
-    assert view.packed_rate(JobState(1, "x", 16, 1.0, 0.0, 1.0, 1.0), "k80") == 0.0  # no 16 K80s at all
