@@ -7,6 +7,7 @@ def test_quick_cases_report_metrics_and_ratios() -> None:
     result = run(["hare", "sjfbco", "hadare", "gavel-trace", "scale"], quick=True)
     cases = result["cases"]
     assert result["quick"] is True
+    assert set(result["solver"]) == {"highspy", "pulp"} and all(result["solver"].values())
     hare = cases["hare"]
     assert set(hare["policies"]) == {"slurmhet", "hare", "gavel-fifo", "srtf", "sched-homo", "sched-allox"}
     assert hare["ratios_vs_slurmhet"]["slurmhet"]["weighted_jct"] == 1.0
