@@ -26,7 +26,9 @@ from slurmhet.slurm.profile import SiteProfile, load_profile
 from slurmhet.slurm.runner import SlurmCommandError, SubprocessRunner
 from slurmhet.store import Database, JobState, list_jobs, get_job, add_event
 
-console = Console()
+#: A pipe or a file gets whole tables (rich would cut every cell to fit 80 columns: `make demo`'s report
+#: read "COMP…"); a terminal keeps its own width.
+console = Console(width=None if sys.stdout.isatty() else 240)
 err_console = Console(stderr=True)
 
 
