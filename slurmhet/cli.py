@@ -195,15 +195,17 @@ def _visible_jobs(obj: Context, session: Any, all_users: bool) -> list[Any]:
 @click.pass_obj
 def status(obj: Context, as_json: bool, all_users: bool) -> None:
     """Your jobs and their Slurm parts, refreshed from Slurm."""
-    from slurmhet.sync import sync_jobs
+    from slurmhet.sync import fetch_view, sync_jobs
 
-    with obj.db.transaction() as session:
-        jobs = _visible_jobs(obj, session, all_users)
+    with obj.db.snapshot() as session:  # Slurm is asked outside the write transaction
         try:
-            sync_jobs(session, obj.client, jobs)
+            view = fetch_view(obj.client, _visible_jobs(obj, session, all_users))
         except (SlurmCommandError, SlurmOutputError) as exc:
             raise SystemFailure(f"cannot reach Slurm to refresh job states ({exc}); "
                                 "the store was left as it was") from exc
+    with obj.db.transaction() as session:
+        jobs = _visible_jobs(obj, session, all_users)
+        sync_jobs(session, jobs, view)
         rows = [{
             "id": j.id, "name": j.name, "owner": j.owner, "state": j.state.value, "reason": j.reason,
             "slurm": [{"id": p.slurm_job_id, "role": p.role, "het_offset": p.het_offset, "array_task": p.array_task,

@@ -33,7 +33,7 @@ from slurmhet.store.models import ClusterSnapshot, ProgressMark, ThroughputObser
 from slurmhet.submission import (PLACED, UNPLACED, Candidate, Dispatcher, candidate_of, describe, dispatches,
                                  foreign_gpu_nodes, next_round, plan_for, render_parts, stored_allocation,
                                  throughput_table, unplaceable)
-from slurmhet.sync import adopt_orphans, forked_round, sync_jobs
+from slurmhet.sync import adopt_orphans, fetch_view, forked_round, sync_jobs
 from slurmhet.throughput import ThroughputEntry, ThroughputTable, canonical_key
 
 #: A refused job is retried this many times, then left SUBMIT_FAILED for a person to look at.
@@ -197,11 +197,14 @@ class Replanner:
         result = ReplanResult()
         inventory = Inventory(tuple(self.client.nodes()))
         now = datetime.now(timezone.utc).timestamp()
+        with self.db.snapshot() as session:  # Slurm is asked outside the write transaction
+            view = fetch_view(self.client, list_jobs(session, states=UNPLACED + PLACED))
+        queue = self.client.queue()
         with self.db.transaction() as session:
             jobs = list_jobs(session, states=UNPLACED + PLACED)
-            sync_jobs(session, self.client, jobs)
+            sync_jobs(session, jobs, view)
             mine = [j for j in jobs if j.owner == self.owner]
-            result.actions += adopt_orphans(session, mine, self.client.queue(), self.db.instance, self.owner)
+            result.actions += adopt_orphans(session, mine, queue, self.db.instance, self.owner)
             # A forked job's round ending is the Job Tracker's to judge (next round, or done): see job_tracker.
             result.events += [f"job {j.id} ({j.name}) ended {j.state.value}" for j in jobs
                               if j.state.final and forked_round(j) is None]

@@ -33,7 +33,7 @@ from slurmhet.slurm.runner import SlurmCommandError, SlurmRunner
 from slurmhet.spec import JobSpec, check_against_cluster, parse_job
 from slurmhet.store import Database, Job, JobState, SlurmJob, add_event, create_job, get_job, list_jobs
 from slurmhet.store.lock import dispatch_lock
-from slurmhet.sync import adopt_orphans, sync_jobs
+from slurmhet.sync import adopt_orphans, fetch_view, sync_jobs
 from slurmhet.throughput import ThroughputTable, load_tables
 
 #: Seconds between Slurm's USR2 (``--signal=B:USR2@N``) and the time limit; the runtime checkpoints then.
@@ -364,17 +364,21 @@ class Dispatcher:
             nodes=len(slots), ntasks_per_node=1, **{gpu_key: gpu_value},
             additional_parameters={"nodelist": ",".join(n for n, _ in slots), **extra},
         )
+        try:  # sbatch runs outside the write transaction; a crash in between leaves an orphan that sync adopts
+            handle = executor.submit(call_entrypoint, spec.entrypoint, list(spec.args), os.getcwd())
+        except SlurmCommandError as exc:
+            with self.db.transaction() as session:
+                job = get_job(session, job_id)
+                assert job is not None
+                job.attempts += 1
+                job.state, job.reason = JobState.SUBMIT_FAILED, exc.message
+                add_event(session, job, "submit_failed", exc.message, argv=exc.argv)
+            return Outcome(job_id, spec.name, "SUBMIT_FAILED", [], describe(job_plan.allocation), exc.message)
+        slurm_id = str(handle.job_id)
         with self.db.transaction() as session:
             job = get_job(session, job_id)
             assert job is not None
             job.attempts += 1
-            try:
-                handle = executor.submit(call_entrypoint, spec.entrypoint, list(spec.args), os.getcwd())
-            except SlurmCommandError as exc:
-                job.state, job.reason = JobState.SUBMIT_FAILED, exc.message
-                add_event(session, job, "submit_failed", exc.message, argv=exc.argv)
-                return Outcome(job_id, spec.name, "SUBMIT_FAILED", [], describe(job_plan.allocation), exc.message)
-            slurm_id = str(handle.job_id)
             job.state, job.reason = JobState.SUBMITTED, ""
             job.slurm_jobs.append(SlurmJob(slurm_job_id=slurm_id, role="batch", gpu_type=gpu_type,
                                            gpu_count=per_node * len(slots), nodes=",".join(n for n, _ in slots),
@@ -410,11 +414,15 @@ def submit_new(db: Database | None, dispatcher_args: tuple[SlurmClient, SiteProf
         new_ids = [create_job(session, spec, owner, source).id for spec, source in specs]
     with dispatch_lock(db, settings.state_dir, owner, wait=True):
         # Re-read under the lock (a concurrent submit or replan may have placed jobs meanwhile),
-        # and refresh from Slurm so finished jobs no longer hold GPUs in the plan.
+        # and refresh from Slurm so finished jobs no longer hold GPUs in the plan. Slurm is asked
+        # before the write transaction, so other commands are not kept waiting for the store.
+        with db.snapshot() as session:
+            view = fetch_view(client, list_jobs(session, states=UNPLACED + PLACED))
+        queue = client.queue()
         with db.transaction() as session:
             jobs = list_jobs(session, states=UNPLACED + PLACED)
-            sync_jobs(session, client, jobs)
-            adopt_orphans(session, [j for j in jobs if j.owner == owner], client.queue(), db.instance, owner)
+            sync_jobs(session, jobs, view)
+            adopt_orphans(session, [j for j in jobs if j.owner == owner], queue, db.instance, owner)
             # A concurrent submit or replan may already have placed some of our new jobs: they are now
             # pinned like any placed job, and reported as they stand instead of being submitted again.
             mine = [get_job(session, i) for i in new_ids]  # finished ones too: `jobs` holds live jobs only

@@ -101,18 +101,44 @@ def forked_round(job: Job) -> SlurmJob | None:
     return last if last.role == "consolidation" else None
 
 
-def sync_jobs(session: Session, client: SlurmClient, jobs: list[Job]) -> int:
-    """Refresh parts of non-final jobs; returns how many jobs changed state."""
-    live_parts = [p for job in jobs if not job.state.final for p in job.slurm_jobs
-                  if p.state not in FINAL_PART_STATES and p.role != "superseded"]
+@dataclass(frozen=True)
+class SlurmView:
+    """What Slurm said about some jobs' live parts.
+
+    Fetched before the write transaction that applies it, so no command holds the
+    store's write lock while squeue or sacct answer (fifty concurrent submits
+    otherwise queue behind each other's Slurm calls).
+    """
+
+    queue: tuple[QueueRecord, ...] = ()
+    accounting: tuple[AccountingRecord, ...] = ()
+
+    def status(self, part: SlurmJob) -> PartStatus | None:
+        return status_from_queue(part, list(self.queue)) or status_from_accounting(part, list(self.accounting))
+
+
+def _live_parts(jobs: Sequence[Job]) -> list[SlurmJob]:
+    return [p for job in jobs if not job.state.final for p in job.slurm_jobs
+            if p.state not in FINAL_PART_STATES and p.role != "superseded"]
+
+
+def fetch_view(client: SlurmClient, jobs: Sequence[Job]) -> SlurmView:
+    """One batched squeue for the jobs' live parts, one batched sacct for those squeue no longer lists."""
+    live_parts = _live_parts(jobs)
     if not live_parts:
-        return 0
-    ids = sorted({p.slurm_job_id for p in live_parts})
-    queue = client.queue(ids)
-    missing = [p for p in live_parts if status_from_queue(p, queue) is None]
-    accounting = client.accounting(sorted({p.slurm_job_id for p in missing})) if missing else []
-    for part in live_parts:
-        status = status_from_queue(part, queue) or status_from_accounting(part, accounting)
+        return SlurmView()
+    queue = client.queue(sorted({p.slurm_job_id for p in live_parts}))
+    missing = sorted({p.slurm_job_id for p in live_parts if status_from_queue(p, queue) is None})
+    return SlurmView(tuple(queue), tuple(client.accounting(missing)) if missing else ())
+
+
+def sync_jobs(session: Session, jobs: list[Job], view: SlurmView) -> int:
+    """Refresh parts of non-final jobs from a view; returns how many jobs changed state.
+
+    Parts the view does not know (submitted after it was fetched) keep their state.
+    """
+    for part in _live_parts(jobs):
+        status = view.status(part)
         if status is None:
             continue
         part.state, part.reason = status.state, status.reason

@@ -39,13 +39,18 @@ def _sqlite_connect(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def
     dbapi_conn.isolation_level = None
     cursor = dbapi_conn.cursor()
     cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA busy_timeout=30000")
+    cursor.execute("PRAGMA busy_timeout=60000")
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
 
 
+_READ_ONLY = "slurmhet_read_only"
+
+
 def _sqlite_begin(conn) -> None:  # type: ignore[no-untyped-def]
-    conn.exec_driver_sql("BEGIN IMMEDIATE")
+    # A writer takes the write lock up front (no SQLITE_BUSY_SNAPSHOT on upgrade); a reader
+    # begins deferred, which under WAL never waits for a writer.
+    conn.exec_driver_sql("BEGIN" if conn.get_execution_options().get(_READ_ONLY) else "BEGIN IMMEDIATE")
 
 
 def make_engine(url: str) -> Engine:
@@ -54,15 +59,19 @@ def make_engine(url: str) -> Engine:
     path = url.split("///", 1)[-1]
     if path and path != ":memory:":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"timeout": 30})
+    engine = create_engine(url, connect_args={"timeout": 60})
     event.listen(engine, "connect", _sqlite_connect)
     event.listen(engine, "begin", _sqlite_begin)
     return engine
 
 
+def _reader(engine: Engine) -> Engine:
+    return engine.execution_options(**{_READ_ONLY: True})
+
+
 def _at_head(engine: Engine) -> bool:
     head = ScriptDirectory.from_config(_alembic_config(engine)).get_current_head()
-    with engine.connect() as conn:
+    with _reader(engine).connect() as conn:
         return MigrationContext.configure(conn).get_current_revision() == head
 
 
@@ -105,14 +114,15 @@ class Database:
         try:
             self.engine = make_engine(url)
             migrate(self.engine)
+            with _reader(self.engine).connect() as conn:
+                #: This store's instance id (migration 0002): the ``@tag`` of its Slurm comments.
+                self.instance = str(conn.execute(text("SELECT value FROM store_meta WHERE key = 'instance'")).scalar())
         except OperationalError as exc:
             raise SystemFailure(f"cannot open the slurmhet database {self.safe_url}: {exc.orig}") from exc
         except SQLAlchemyError as exc:
             raise SystemFailure(f"database error on {self.safe_url}: {exc}") from exc
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
-        with self.engine.connect() as conn:
-            #: This store's instance id (migration 0002): the ``@tag`` of its Slurm comments.
-            self.instance = str(conn.execute(text("SELECT value FROM store_meta WHERE key = 'instance'")).scalar())
+        self._snapshots = sessionmaker(_reader(self.engine), expire_on_commit=False)
 
     @property
     def safe_url(self) -> str:
@@ -130,6 +140,18 @@ class Database:
         finally:
             session.close()
 
+    @contextlib.contextmanager
+    def snapshot(self) -> Iterator[Session]:
+        """A read-only view for work that must not hold the write lock (asking Slurm, say); writes are refused."""
+        session = self._snapshots()
+        try:
+            yield session
+            if session.new or session.dirty or session.deleted:
+                raise RuntimeError("a snapshot() session changed rows; use transaction()")
+        except OperationalError as exc:
+            raise SystemFailure(f"database error on {self.safe_url}: {exc.orig}") from exc
+        finally:
+            session.close()
 
     def dispose(self) -> None:
         self.engine.dispose()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import time
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,36 @@ def test_sqlite_concurrent_first_open(tmp_path: Path) -> None:
     with multiprocessing.get_context("spawn").Pool(6) as pool:
         ids = pool.map(_open_and_store, [url] * 12)
     assert sorted(ids) == list(range(1, 13))
+
+
+def _open_and_read(url: str) -> float:
+    start = time.monotonic()
+    db = Database(url)
+    with db.snapshot() as session:
+        assert [j.owner for j in list_jobs(session)] == ["writer"]
+    return time.monotonic() - start
+
+
+def test_sqlite_open_and_snapshot_do_not_wait_for_a_writer(tmp_path: Path) -> None:
+    """A command holding the write lock (a long submit) keeps no other command from opening or reading."""
+    url = f"sqlite:///{tmp_path}/w.db"
+    db = Database(url)
+    with db.transaction() as session:
+        create_job(session, SPEC, "writer", "f")
+    with db.transaction() as session:
+        session.execute(text("UPDATE jobs SET reason = 'held'"))  # the write lock is held from here on
+        with multiprocessing.get_context("spawn").Pool(2) as pool:
+            seconds = pool.map(_open_and_read, [url] * 2, chunksize=1)
+    assert max(seconds) < 10, seconds  # a writer-blocked open waits out the 60 s busy timeout
+
+
+def test_snapshot_refuses_writes(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path}/r.db")
+    with pytest.raises(RuntimeError, match="use transaction"):
+        with db.snapshot() as session:
+            create_job(session, SPEC, "x", "f")
+    with db.snapshot() as session:
+        assert list_jobs(session) == []
 
 
 @pytest.mark.postgres

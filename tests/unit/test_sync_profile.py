@@ -13,7 +13,7 @@ from slurmhet.slurm.profile import load_profile
 from slurmhet.slurm.runner import CommandResult, SlurmCommandError
 from slurmhet.spec import load_text
 from slurmhet.store import Database, JobState, SlurmJob, create_job
-from slurmhet.sync import sync_jobs
+from slurmhet.sync import fetch_view, sync_jobs
 
 FIX = Path(__file__).resolve().parent.parent / "fixtures" / "slurm-22.05"
 
@@ -68,7 +68,7 @@ def test_sync_reads_final_states_from_sacct(tmp_path: Path) -> None:
         from slurmhet.store import list_jobs
 
         jobs = list_jobs(session)
-        assert sync_jobs(session, SlurmCli(runner), jobs) == 3
+        assert sync_jobs(session, jobs, fetch_view(SlurmCli(runner), jobs)) == 3
         states = {j.id: j.state for j in jobs}
         assert states == {1: JobState.COMPLETED, 2: JobState.FAILED, 3: JobState.COMPLETED}
         assert "gres/gpu:v100=1" in jobs[0].slurm_jobs[1].alloc_tres and jobs[0].slurm_jobs[1].nodes == "nodea"
@@ -92,7 +92,7 @@ def test_sync_leaves_a_forked_round_open_for_the_job_tracker(tmp_path: Path) -> 
         from slurmhet.store import list_jobs
 
         jobs = list_jobs(session)
-        assert sync_jobs(session, SlurmCli(FakeRunner(_answers())), jobs) == 1
+        assert sync_jobs(session, jobs, fetch_view(SlurmCli(FakeRunner(_answers())), jobs)) == 1
         assert [p.state for j in jobs for p in j.slurm_jobs] == ["COMPLETED", "COMPLETED"]
         assert [j.state for j in jobs] == [JobState.RUNNING, JobState.COMPLETED]
 
@@ -104,10 +104,10 @@ def test_sync_failure_raises_and_changes_nothing(tmp_path: Path) -> None:
         job.state = JobState.SUBMITTED
         job.slurm_jobs.append(SlurmJob(slurm_job_id="13", state="PENDING"))
     with pytest.raises(SlurmCommandError):
-        with db.transaction() as session:
+        with db.snapshot() as session:
             from slurmhet.store import list_jobs
 
-            sync_jobs(session, SlurmCli(FakeRunner(_answers(), fail="squeue")), list_jobs(session))
+            fetch_view(SlurmCli(FakeRunner(_answers(), fail="squeue")), list_jobs(session))
     with db.transaction() as session:
         from slurmhet.store import get_job
 
