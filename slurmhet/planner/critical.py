@@ -7,8 +7,8 @@ the others keep the planner's WSPT order. ``slurmhet replan`` and the simulator'
 ``slurmhet`` policy both plan through :func:`with_critical_path`, so what the benchmarks
 measure is what the replanner ships.
 
-- A job's time is its remaining run time on its fastest allowed type at ``min_gpus``,
-  packed on the fewest nodes of that type (largest first), by the planner's own model
+- A job's time is its remaining run time on its fastest allowed type at its size (an
+  elastic job: the most GPUs it may use there, or ``min_gpus`` if that is faster), packed on the fewest nodes of that type (largest first), by the planner's own model
   (eqs. 7, 11 with the inter-node link when it spans nodes). The one-node figure would
   hide the all-reduce a job larger than any node pays: 8-GPU LM jobs on 4-GPU nodes looked
   9x shorter than they are, never became critical and set the ``hadar`` TTD on trace
@@ -48,28 +48,40 @@ def packed_allocation(inventory: Inventory, gpu_type: str, gpus: int) -> Allocat
     return Allocation.of(counts) if need <= 0 else None
 
 
-def fastest_packed_seconds(job: PlanJob, inp: PlanningInput) -> float:
-    """The job's remaining run time on its fastest allowed type, packed (inf if no type can hold it)."""
+def fastest_packed(job: PlanJob, inp: PlanningInput) -> tuple[float, int]:
+    """The job's least remaining run time on one allowed type, packed, and the GPUs it uses; (inf, 0) if none fits.
+
+    An elastic job (``min_gpus < max_gpus``) is timed on the fastest of: ``min_gpus``, as many as one node
+    of the type holds, and as many as the type has (each capped at ``max_gpus``), since spreading over nodes
+    may cost more in all-reduce than it gains; a rigid job on its size.
+    """
     try:
         rates, _ = job_rates(job, inp.throughput, inp.inventory.gpu_types)
     except InputError:
-        return math.inf  # the planner itself reports the job's bad type or missing throughput
-    best = math.inf
+        return math.inf, 0  # the planner itself reports the job's bad type or missing throughput
+    capacity = inp.inventory.gpus_by_type()
+    best = (math.inf, 0)
     for gpu_type, rate in rates.items():
-        allocation = packed_allocation(inp.inventory, gpu_type, job.min_gpus) if rate > 0 else None
-        if allocation is not None:
-            best = min(best, allocation_run_seconds(job, allocation, rates, inp.inventory))
+        if rate <= 0:
+            continue
+        node = max((n.gpus.get(gpu_type, 0) for n in inp.inventory.nodes), default=0)
+        sizes = {max(job.min_gpus, min(job.max_gpus, n)) for n in (job.min_gpus, node, capacity.get(gpu_type, 0))}
+        for gpus in sorted(sizes):
+            allocation = packed_allocation(inp.inventory, gpu_type, gpus)
+            if allocation is not None:
+                best = min(best, (allocation_run_seconds(job, allocation, rates, inp.inventory), gpus))
     return best
 
 
 def critical_ranks(inp: PlanningInput, share: float = CRITICAL_SHARE) -> dict[str, int]:
     """Critical jobs' ranks, longest first n..1 (ties: the earlier submitted ranks higher)."""
-    times = {job.id: fastest_packed_seconds(job, inp) for job in inp.jobs}
+    fastest = {job.id: fastest_packed(job, inp) for job in inp.jobs}
+    times = {job_id: seconds for job_id, (seconds, _) in fastest.items()}
     finite = [job for job in inp.jobs if math.isfinite(times[job.id])]
     if not finite or not math.isfinite(share):
         return {}
     gpus = sum(inp.inventory.gpus_by_type().values())
-    load = sum(times[job.id] * job.min_gpus for job in finite) / max(gpus, 1)
+    load = sum(seconds * used for seconds, used in (fastest[job.id] for job in finite)) / max(gpus, 1)
     bound = max(load, *(times[job.id] for job in finite))
     critical = sorted((job for job in finite if times[job.id] >= share * bound),
                       key=lambda job: (times[job.id], -job.submitted_at, job.id))

@@ -22,7 +22,7 @@ State -> PlanningInput
   already include intra-node communication and the engine charges none. The planner
   does not model link contention between spread gangs nor the per-server latency
   (seed 004's f(alpha, k) and xi2); the engine charges both.
-- GPUs: ``min_gpus = max_gpus`` = the trace's scale; allowed types are those where the
+- GPUs: ``min_gpus = max_gpus`` = the trace's scale (``min_gpus = 1`` with ``elastic``); allowed types are those where the
   engine's rate is positive (e.g. no out-of-memory types); weight and arrival as traced.
 - Ordering: the pipeline admits jobs in priority, then weighted-shortest-predicted-time
   order, and the input goes through ``critical.with_critical_path`` first, as in
@@ -87,6 +87,9 @@ class SlurmhetOverTime(TimePolicy):
     #: rules), as ``slurmhet submit`` does for ``sync: local-sgd`` jobs; a set-up whose jobs may all be
     #: forked uses :class:`SlurmhetForking`.
     fork = False
+    #: Jobs may run on fewer GPUs than their scale (``min_gpus = 1``), as a spec with ``gpus.min < gpus.max``
+    #: does under slurmhet's proportional sharding; a set-up whose jobs all may uses :class:`SlurmhetRelaxed`.
+    elastic = False
 
     def decide(self, view: ClusterView) -> Decision:
         if not view.jobs:
@@ -122,7 +125,7 @@ class SlurmhetOverTime(TimePolicy):
             jobs.append(PlanJob(
                 id=str(job.job_id), workload=workload_of(job), samples_remaining=max(job.remaining, 1e-9),
                 global_batch=job.gpus, model_size_mb=1000.0 * view.rates.model_gb(job.job_type),
-                min_gpus=job.gpus, max_gpus=job.gpus, allowed_types=allowed, weight=job.weight,
+                min_gpus=1 if self.elastic else job.gpus, max_gpus=job.gpus, allowed_types=allowed, weight=job.weight,
                 colocate=job.gpus == 1,
                 gpu_memory_gb=NOMINAL_MEMORY_GB if job.gpus == 1 else None, submitted_at=job.arrival,
                 current=current))
@@ -166,6 +169,15 @@ class SlurmhetForking(SlurmhetOverTime):
     round_based = True
     fork = True
     critical_share = math.inf
+
+
+class SlurmhetRelaxed(SlurmhetOverTime):
+    """``slurmhet`` where every job may run on fewer GPUs than its scale (seed 000's set-up: Hare's relaxed
+    scale-fixed synchronisation runs a round's k tasks on fewer GPUs). slurmhet does it with proportional
+    sharding, a job's global batch split over the GPUs it has (``gpus.min < gpus.max`` in a spec), so the
+    planner may start a job on the GPUs that are free instead of holding it until its full gang is."""
+
+    elastic = True
 
 
 class SlurmhetReplanned(SlurmhetOverTime):

@@ -8,7 +8,7 @@ import pytest
 
 from slurmhet.cluster import Inventory, Node
 from slurmhet.planner import PlanJob, PlanningInput
-from slurmhet.planner.critical import critical_ranks, fastest_packed_seconds, packed_allocation, with_critical_path
+from slurmhet.planner.critical import critical_ranks, fastest_packed, packed_allocation, with_critical_path
 from slurmhet.spec import load_text
 from slurmhet.submission import Candidate, plan_for
 from slurmhet.throughput import ThroughputTable
@@ -34,7 +34,20 @@ def test_a_job_larger_than_a_node_is_timed_with_its_all_reduce() -> None:
     inp = PlanningInput((six,), INVENTORY, TABLE)
     # V100s: 4 + 2 on two nodes: 600 / 12 = 50 s of compute + 100 syncs x 2 x 5/6 x 0.4 GB / 1 GB/s = 116.7 s.
     # K80s: one node holds all 6: 600 / 6 = 100 s, no all-reduce between nodes. One node's V100 cell says 50 s.
-    assert fastest_packed_seconds(six, inp) == pytest.approx(100.0)
+    seconds, gpus = fastest_packed(six, inp)
+    assert (seconds, gpus) == (pytest.approx(100.0), 6)
+
+
+def test_an_elastic_job_is_timed_on_its_fastest_size() -> None:
+    """gpus 1..6: V100 x1 300 s, x4 on node a 75 s, x6 over a and b 116.7 s; K80 x1 600 s, x6 100 s."""
+    elastic = PlanJob(id="e", workload="w", samples_remaining=600.0, global_batch=6, model_size_mb=400.0,
+                      min_gpus=1, max_gpus=6)
+    seconds, gpus = fastest_packed(elastic, PlanningInput((elastic,), INVENTORY, TABLE))
+    assert (seconds, gpus) == (pytest.approx(75.0), 4)
+    # Its load is 75 s x 4 GPUs = 300 GPU-s: with a rigid 1-GPU job of 300 s (600 GPU-s) beside it the
+    # bound is max(900 / 14, 300) = 300 s, so the elastic job (75 s) is not critical and the long one is.
+    inp = PlanningInput((elastic, job("r", 600.0)), INVENTORY, TABLE)
+    assert critical_ranks(inp) == {"r": 1}
 
 
 def test_critical_jobs_rank_longest_first_and_user_priority_still_orders_first() -> None:
