@@ -34,6 +34,8 @@ State -> PlanningInput
   ``sum w_j / T_j``, which hands the fastest GPUs to the jobs with the least work left
   (SRPT-FM) and critical jobs first, instead of minimising ``sum w_j T_j`` as if every
   job kept its GPUs to the end (see ``planner.problem``).
+- Moves: a round-based policy charges a moved job ``restart_s / round_s`` of its progress term
+  (``move_penalty``), so the plan keeps a job where it is unless moving it pays for the restart.
 - Running jobs: ``current`` is their allocation and ``pin_running = not migrate``; see
   ``migrate`` for the choice and bench/README.md (Reproductions) for the numbers. The
   planner keeps a re-planned job on its current slots when its GPU counts are unchanged
@@ -90,6 +92,10 @@ class SlurmhetOverTime(TimePolicy):
     #: Jobs may run on fewer GPUs than their scale (``min_gpus = 1``), as a spec with ``gpus.min < gpus.max``
     #: does under slurmhet's proportional sharding; a set-up whose jobs all may uses :class:`SlurmhetRelaxed`.
     elastic = False
+    #: Seconds a moved job loses (the papers' checkpoint-restart). A round-based policy knows the time to its
+    #: next decision, so its plan charges a move ``restart_s / round_s`` of the job's progress
+    #: (``PlanningInput.move_penalty``); one deciding at every arrival and completion does not.
+    restart_s = 10.0
 
     def decide(self, view: ClusterView) -> Decision:
         if not view.jobs:
@@ -129,9 +135,10 @@ class SlurmhetOverTime(TimePolicy):
                 colocate=job.gpus == 1,
                 gpu_memory_gb=NOMINAL_MEMORY_GB if job.gpus == 1 else None, submitted_at=job.arrival,
                 current=current))
+        penalty = min(self.restart_s / self.round_s, 0.5) if self.round_s and self.migrate else 0.0
         return with_critical_path(PlanningInput(tuple(jobs), inventory, self.throughput_table(view), view.now,
                                                 pin_running=not self.migrate, colocation=self.colocation,
-                                                seed=self.seed), self.critical_share)
+                                                seed=self.seed, move_penalty=penalty), self.critical_share)
 
     @staticmethod
     def throughput_table(view: ClusterView) -> ThroughputTable:

@@ -145,8 +145,14 @@ class PlanningInput:
     pin_running: bool = True
     colocation: ColocationSettings = field(default_factory=ColocationSettings)
     seed: int = 0
+    #: With ``pin_running=False``: the share of the time to the next decision a running job loses when the
+    #: plan changes its GPU counts (checkpoint-restart / decision interval), charged against that move.
+    move_penalty: float = 0.0
 
     def __post_init__(self) -> None:
+        if not 0.0 <= self.move_penalty < 1.0:
+            raise InputError(f"move_penalty {self.move_penalty} is outside [0, 1)", place="move_penalty",
+                             hint="restart seconds over the seconds between decisions")
         seen: set[str] = set()
         for job in self.jobs:
             if job.id in seen:

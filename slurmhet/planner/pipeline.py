@@ -111,7 +111,8 @@ def _prepare(inp: PlanningInput) -> tuple[Problem, _Context]:
             admitted.append(job)
     matrix = np.array([[rates[j.id].get(t, 0.0) for t in types] for j in admitted]).reshape(len(admitted), len(types))
     problem = Problem(tuple(admitted), types, nodes, capacity, matrix, inventory.intra_node_gbps,
-                      inventory.inter_node_gbps, inp.seed, preemptive=not inp.pin_running)
+                      inventory.inter_node_gbps, inp.seed, preemptive=not inp.pin_running,
+                      move_penalty=inp.move_penalty)
     return problem, _Context(inventory, types, rates, priors, pinned, admitted, waiting)
 
 

@@ -16,6 +16,8 @@ The objective depends on whether the plan is final for the jobs it starts:
   optimal for Q|pmtn|sum C_j); for unrelated ones a GPU type goes where it
   raises a job's share of its best rate most. Jobs with a priority (critical
   ones) outrank every other job, as in admission, so they keep their fastest GPUs.
+  A running job whose counts change loses ``move_penalty`` of its term (the restart
+  it pays before the next decision), so the plan moves a job only when that pays.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ class Problem:
     seed: int = 0
     #: The plan is revised at the next decision: minimise ``-sum w_j / T_j`` instead of ``sum w_j T_j``.
     preemptive: bool = False
+    #: Preemptive only: a running job whose counts change keeps ``1 - move_penalty`` of its progress term.
+    move_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         self.lo = np.array([j.min_gpus for j in self.jobs], dtype=int)
@@ -66,6 +70,14 @@ class Problem:
         index = [w / t for w, t in zip(self._weight_list, self._best_time)]
         top = max(index, default=0.0) or 1.0
         self._index = [1.0 + job.priority if job.priority > 0 else v / top for v, job in zip(index, self.jobs)]
+        #: Running jobs' current counts, for the move penalty (None: not running here, or no penalty).
+        self._current = [self._held(job.current) if self.preemptive and self.move_penalty > 0 else None
+                         for job in self.jobs]
+
+    def _held(self, current: Allocation | None) -> tuple[int, ...] | None:
+        if current is None or any(t not in self.types for t in current.by_type()):
+            return None
+        return tuple(int(v) for v in self.counts(current))
 
     @property
     def size(self) -> tuple[int, int]:
@@ -104,7 +116,9 @@ class Problem:
                 rate += v * r
         seconds = self.run_time(j, rate, k, single)
         if self.preemptive:
-            return -self._index[j] * self._best_time[j] / seconds
+            # A move pays a checkpoint-restart: that share of the time to the next decision makes no progress.
+            kept = 1.0 - self.move_penalty if self._current[j] not in (None, x) else 1.0
+            return -kept * self._index[j] * self._best_time[j] / seconds
         return self._weight_list[j] * seconds
 
     def alloc_cost(self, j: int, slots: dict[tuple[int, int], int]) -> float:

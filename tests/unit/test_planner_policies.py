@@ -194,6 +194,29 @@ def test_a_revisable_plan_gives_the_fast_gpu_to_the_shortest_job() -> None:
     assert v100_job((replace(jobs[0], priority=1), jobs[1]), False) == "long"
 
 
+def test_a_revisable_plan_moves_running_jobs_only_when_the_move_pays_its_restart() -> None:
+    # One V100 (2/s), one K80 (1/s); the short job (100) runs on the K80, the long one (400) on the V100.
+    # Progress terms -w/T normalised by the best w/T* (short: T* 50, index 1; long: T* 200, index 1/4):
+    # swapped -(50/50 + 1/4 x 200/400) = -1.125, as they are -(50/100 + 1/4 x 200/200) = -0.75. Both move
+    # in a swap, so it pays while (1 - penalty) x 1.125 > 0.75: at 0.2, not at 0.5.
+    from slurmhet.errors import InputError
+    from slurmhet.planner import Allocation
+
+    table = ThroughputTable.from_rates({"x": {"v100": 2.0, "k80": 1.0}})
+    inv = Inventory((Node("a", {"v100": 1}), Node("b", {"k80": 1})))
+    jobs = (PlanJob("short", "x", 100.0, 1, max_gpus=1, current=Allocation.of({("b", "k80"): 1})),
+            PlanJob("long", "x", 400.0, 1, max_gpus=1, current=Allocation.of({("a", "v100"): 1})))
+
+    def on_v100(penalty: float) -> str:
+        plan = POLICIES["slurmhet"](PlanningInput(jobs, inv, table, pin_running=False, move_penalty=penalty))
+        return next(p.job_id for p in plan.jobs if p.allocation.by_type() == {"v100": 1})
+
+    assert on_v100(0.0) == on_v100(0.2) == "short"
+    assert on_v100(0.5) == "long"
+    with pytest.raises(InputError, match="move_penalty"):
+        PlanningInput(jobs, inv, table, move_penalty=1.0)
+
+
 def crowded_instance(seed: int) -> PlanningInput:
     """8-14 jobs, some identical (tied moves), on 24 GPUs of three types: enough for transfers and trades."""
     rng = random.Random(seed)
