@@ -82,13 +82,14 @@ class SimReport:
             out["meta"] = self.meta
         return out
 
-    def ratios(self, baseline: str = "slurmhet") -> dict[str, dict[str, float]]:
-        """Each policy's metrics divided by ``baseline``'s (>1 means worse for time metrics)."""
+    def ratios(self, baseline: str = "slurmhet") -> dict[str, dict[str, float | None]]:
+        """Each policy's metrics divided by ``baseline``'s (>1 means worse for time metrics); None where
+        the baseline's is 0 (e.g. no queueing), which JSON prints as null (NaN is not JSON)."""
         base = self.metrics.get(baseline)
         if base is None:
             return {}
         out = {}
         for name, m in self.metrics.items():
-            out[name] = {k: round(getattr(m, k) / getattr(base, k), 4) if getattr(base, k) else float("nan")
+            out[name] = {k: round(getattr(m, k) / getattr(base, k), 4) if getattr(base, k) else None
                          for k in ("avg_jct", "weighted_jct", "makespan", "utilization", "avg_queue")}
         return out

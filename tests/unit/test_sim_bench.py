@@ -1,5 +1,7 @@
 """bench.reproduce in --quick mode: every case runs, reports ratios against slurmhet."""
 
+import json
+
 from bench.reproduce import median_over_seeds, run
 
 
@@ -16,6 +18,7 @@ def test_quick_cases_report_metrics_and_ratios() -> None:
     assert cases["sjfbco"]["kappa_sweep_makespan"]
     assert {"M-1", "M-5"} <= set(cases["hadare"]["mixes"])
     assert cases["scale"]["policies"]["slurmhet"]["plan_seconds_first"] < 10
+    json.dumps(result, allow_nan=False)  # strict JSON, no NaN
 
 
 def test_median_over_seeds_orders_policies_by_median_ttd() -> None:

@@ -186,3 +186,11 @@ def test_slurmhet_relaxed_starts_a_gang_on_the_gpus_that_are_free() -> None:
     assert finishes(run("slurmhet", jobs, inventory, rates, restart_s=10.0)) == {1: 100.0, 0: 150.0}
     relaxed = run_policies(jobs, inventory, rates, {"s": SlurmhetRelaxed(round_s=360.0)}, config).runs["s"]
     assert finishes(relaxed) == {0: 50.0, 1: 135.0}
+
+
+def test_a_ratio_over_a_zero_metric_is_none_not_nan() -> None:
+    """slurmhet starts both jobs at once (no queueing), so every avg_queue ratio has nothing to divide by."""
+    jobs, inventory, rates = _instance()
+    policies = {p: TIME_POLICIES[p](seed=0, round_s=60.0) for p in ("slurmhet", "srtf")}
+    ratios = run_policies(jobs, inventory, rates, policies, SimConfig(restart_s=10.0)).ratios("slurmhet")
+    assert ratios["srtf"]["avg_queue"] is None and ratios["srtf"]["makespan"] == 2.0
