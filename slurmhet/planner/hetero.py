@@ -30,7 +30,7 @@ from dataclasses import replace
 import numpy as np
 
 from slurmhet.planner.model import Progress
-from slurmhet.planner.problem import Problem, pack
+from slurmhet.planner.problem import Problem, mark_crossing, pack
 
 #: Bulk sizes tried by the greedy start and by the exchange moves (ascending).
 BULK = (1, 2, 3, 4, 5, 6, 8)
@@ -336,7 +336,10 @@ def pack_in_place(problem: Problem, counts: list[np.ndarray],
     if not kept:
         return fresh, failed, fresh_value
     rest = [np.zeros_like(x) if j in kept else x for j, x in enumerate(counts)]
-    placed, placed_failed = pack(replace(problem, capacity=free), rest, benefit)
+    crossing = np.zeros(len(free), dtype=int)
+    for slots in kept.values():
+        mark_crossing(crossing, slots)
+    placed, placed_failed = pack(replace(problem, capacity=free), rest, benefit, crossing)
     placed = [kept.get(j, s) for j, s in enumerate(placed)]
     value = sum(problem.alloc_cost(j, s) for j, s in enumerate(placed))
     if fresh_value < value - _TOL * abs(value):

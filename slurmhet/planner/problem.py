@@ -138,15 +138,18 @@ class Problem:
         return x
 
 
-def pack(problem: Problem, counts: list[np.ndarray], benefit: list[float]) -> tuple[list[dict[tuple[int, int], int]], list[int]]:
+def pack(problem: Problem, counts: list[np.ndarray], benefit: list[float],
+         crossing: np.ndarray | None = None) -> tuple[list[dict[tuple[int, int], int]], list[int]]:
     """Place count vectors on nodes; returns per-job ``(node, type) -> count`` and the jobs that wanted one node but got several.
 
     Multi-GPU jobs that can sit on one node go first, largest single-node
     benefit first, best fit (least capacity left on the node) so that big holes
     stay open; then single-GPU jobs, best fit; then the rest spread over the
-    fewest nodes (most free GPUs of the type first, nodes the job already uses first).
+    fewest nodes (see :func:`spread_fill`). ``crossing`` counts the spread jobs
+    already on each node (kept running ones).
     """
     free = problem.capacity.copy()
+    crossing = np.zeros(len(free), dtype=int) if crossing is None else crossing.copy()
     slots: list[dict[tuple[int, int], int]] = [dict() for _ in counts]
     wanted_single, spread = [], []
     multi = [j for j, x in enumerate(counts) if x.sum() > 1]
@@ -170,17 +173,37 @@ def pack(problem: Problem, counts: list[np.ndarray], benefit: list[float]) -> tu
         free[n, t] -= 1
         slots[j] = {(n, t): 1}
     for j in spread:
-        spread_fill(free, counts[j], slots[j])
+        spread_fill(free, counts[j], slots[j], crossing)
+        mark_crossing(crossing, slots[j])
     return slots, wanted_single
 
 
-def spread_fill(free: np.ndarray, x: np.ndarray, slots: dict[tuple[int, int], int]) -> None:
-    """Take ``x`` from ``free`` over the fewest nodes: nodes the job already uses, then the fullest ones."""
+def mark_crossing(crossing: np.ndarray, slots: dict[tuple[int, int], int]) -> None:
+    """Count a job on every node it uses when it uses several (its all-reduce crosses their links)."""
+    nodes = {n for (n, _), c in slots.items() if c > 0}
+    if len(nodes) > 1:
+        for n in nodes:
+            crossing[n] += 1
+
+
+def spread_fill(free: np.ndarray, x: np.ndarray, slots: dict[tuple[int, int], int],
+                crossing: np.ndarray | None = None) -> None:
+    """Take ``x`` from ``free`` over the fewest nodes: nodes the job already uses, then the fullest ones.
+
+    Contention-aware (seed 004, eq. 6): when several nodes could each take all that is
+    left, the one fewest spread jobs cross gets it, since spread jobs on one node share
+    its link; that costs no extra node.
+    """
     for t, need in enumerate(x):
         need = int(need)
         while need > 0:
             used = {n for (n, _) in slots}
-            n = int(min(np.flatnonzero(free[:, t] > 0), key=lambda n: (n not in used, -free[n, t], n)))
+            candidates = np.flatnonzero(free[:, t] > 0)
+            whole = candidates[free[candidates, t] >= need]
+            if crossing is not None and len(whole) and not used.intersection(candidates.tolist()):
+                n = int(min(whole, key=lambda n: (crossing[n], -free[n, t], n)))
+            else:
+                n = int(min(candidates, key=lambda n: (n not in used, -free[n, t], n)))
             take = min(need, int(free[n, t]))
             free[n, t] -= take
             slots[(n, t)] = slots.get((n, t), 0) + take

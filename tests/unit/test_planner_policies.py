@@ -298,3 +298,21 @@ def test_best_pair_matches_the_full_table_with_ties_and_infeasible_moves(seed: i
         for below in (0.0, 2.0):
             assert hetero.best_pair(give, take, below) == full_table_pair(give, take, below)
             assert hetero.best_pair(give, give, below, reverse) == full_table_pair(give, give[:, reverse], below)
+
+
+def test_a_spread_job_takes_its_last_node_where_fewest_spread_jobs_cross() -> None:
+    """Nodes a-d of one type with 2, 2, 4, 2 GPUs free; a kept spread job crosses a and b. A 6-GPU job takes
+    c whole, and its last 2 GPUs from d (crossed by no spread job), not from a (first in order)."""
+    from slurmhet.planner.problem import mark_crossing, spread_fill
+
+    free = np.array([[2], [2], [4], [2]])
+    crossing = np.zeros(4, dtype=int)
+    mark_crossing(crossing, {(0, 0): 2, (1, 0): 2})
+    mark_crossing(crossing, {(3, 0): 2})  # one node: crosses nothing
+    assert crossing.tolist() == [1, 1, 0, 0]
+    slots: dict[tuple[int, int], int] = {}
+    spread_fill(free.copy(), np.array([6]), slots, crossing)
+    assert slots == {(2, 0): 4, (3, 0): 2}
+    blind: dict[tuple[int, int], int] = {}
+    spread_fill(free.copy(), np.array([6]), blind)
+    assert blind == {(2, 0): 4, (0, 0): 2}
