@@ -91,6 +91,8 @@ def test_postgres_store(pg_url: str) -> None:
     with db.engine.begin() as conn:
         conn.execute(text("TRUNCATE jobs, slurm_jobs, events RESTART IDENTITY CASCADE"))
     _exercise(db)
+    with db.snapshot() as session:
+        assert [j.owner for j in list_jobs(session)] == ["alice"]
     with multiprocessing.get_context("spawn").Pool(4) as pool:
         ids = pool.map(_open_and_store, [pg_url] * 8)
     assert len(set(ids)) == 8
