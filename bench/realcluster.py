@@ -42,7 +42,7 @@ import yaml
 
 from slurmhet.cluster import Inventory, Node
 from slurmhet.emit.requests import BatchRequest, Common, Launch
-from slurmhet.report import StoredJob, fold
+from slurmhet.report import StoredJob, as_utc, fold
 from slurmhet.runtime import emulation
 from slurmhet.planner.default_time import SlurmhetReplanned
 from slurmhet.sim import SimConfig, TraceJob, run_policies, simulate
@@ -127,10 +127,6 @@ class MeasuredJob:
     samples: float = 0.0  # total samples (for the overhead diagnostic); 0: unknown
 
 
-def _utc(value: datetime) -> datetime:
-    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
-
-
 def _last_allocation(records: Sequence[AccountingRecord]) -> dict[str, int]:
     """GPUs by type of the job's last allocation (het components start together)."""
     started = [r for r in records if r.start]
@@ -156,18 +152,18 @@ def measure(jobs: Sequence[MeasuredJob], records: Sequence[AccountingRecord],
     rows = []
     for index, job in enumerate(jobs):
         stored = StoredJob(id=index, name=job.name, owner="", weight=1.0, predicted_jct_s=None,
-                           slurm_ids=tuple(job.slurm_ids))
+                           slurm_ids=tuple(job.slurm_ids), stored_at=job.submitted_at)
         folded = fold(stored, records)
         mine = [r for r in records if not r.id.is_step and r.id.job in job.slurm_ids]
-        submit = _utc(job.submitted_at) if job.submitted_at else (_utc(folded.submit) if folded.submit else None)
-        end = _utc(folded.end) if folded.end else None
-        start = _utc(folded.start) if folded.start else None
+        submit = as_utc(folded.submit) if folded.submit else None
+        end = as_utc(folded.end) if folded.end else None
+        start = as_utc(folded.start) if folded.start else None
         gpus = _last_allocation(mine)
         ideal = None
         if per_gpu_rate is not None and job.samples and gpus:
             rate = sum(n * per_gpu_rate.get((job.name, t), 0.0) for t, n in gpus.items())
             ideal = job.samples / rate if rate > 0 else None
-        last_start = max((_utc(r.start) for r in mine if r.start), default=None)
+        last_start = max((as_utc(r.start) for r in mine if r.start), default=None)
         rows.append({"name": job.name, "state": folded.state, "slurm_ids": sorted(set(job.slurm_ids)), "gpus": gpus,
                      "submit": submit, "start": start, "end": end, "last_start": last_start, "ideal_run_s": ideal})
     submits = [r["submit"] for r in rows if r["submit"]]
@@ -499,7 +495,7 @@ def foreign_usage(records: Sequence[AccountingRecord], ours: set[str], start: da
     for r in records:
         if r.id.is_step or r.id.job in ours or not r.start:
             continue
-        overlap = (min(_utc(r.end or end), end) - max(_utc(r.start), start)).total_seconds()
+        overlap = (min(as_utc(r.end or end), end) - max(as_utc(r.start), start)).total_seconds()
         if overlap > 0:
             jobs.add(r.id.job)
             gpu_s += overlap * sum(r.gpus_by_type().values())

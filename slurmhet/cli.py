@@ -280,7 +280,7 @@ def report(obj: Context, since: Any, user: str | None, as_json: bool, as_csv: bo
     me = current_user()
     if user not in (None, me) and not obj.is_admin():
         raise InputError(f"--user {user} needs root or the admin group", place="--user", hint="drop --user")
-    with obj.db.transaction() as session:
+    with obj.db.snapshot() as session:
         stored = [j for j in list_jobs(session, owner=user or (None if obj.is_admin() else me))
                   if since is None or j.created_at.replace(tzinfo=None) >= since]
         jobs = [_stored_view(j) for j in stored]
@@ -319,7 +319,7 @@ def _stored_view(job: Any) -> Any:
     restarts = max(0, sum(1 for r in roles if r in ("batch", "het", "pack")) - 1)
     return StoredJob(id=job.id, name=job.name, owner=job.owner, weight=float(job.spec.get("weight", 1.0)),
                      predicted_jct_s=job.predicted_jct_s, slurm_ids=tuple(p.slurm_job_id for p in job.slurm_jobs),
-                     restarts=restarts, emulated=bool((job.plan or {}).get("emulated")))
+                     restarts=restarts, emulated=bool((job.plan or {}).get("emulated")), stored_at=job.created_at)
 
 
 def _print_report(result: Any) -> None:

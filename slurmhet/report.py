@@ -10,7 +10,7 @@ from __future__ import annotations
 import csv
 import io
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Iterable, Mapping, Sequence
 
 from slurmhet.slurm.parsers import AccountingRecord, QueueRecord, SlurmJobId, parse_tres
@@ -30,6 +30,14 @@ class StoredJob:
     slurm_ids: tuple[str, ...]
     restarts: int = 0
     emulated: bool = False
+    #: When ``slurmhet submit`` stored the job. JCT and queueing count from here: the time slurmhet held the
+    #: job before its first sbatch is part of the user's wait. None: from the earliest sacct Submit.
+    stored_at: datetime | None = None
+
+
+def as_utc(value: datetime) -> datetime:
+    """Times from the store may come back naive (SQLite): they are UTC."""
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
 
 
 @dataclass
@@ -154,6 +162,8 @@ def fold(job: StoredJob, records: Iterable[AccountingRecord], shares: Mapping[st
     starts = [r.start for r in mine if r.start]
     state = _job_state([r.state for r in mine])
     ends = [r.end for r in mine if r.end] if state in _FINAL else []
+    if job.stored_at is not None:
+        submits.append(as_utc(job.stored_at))
     submit, start, end = (min(submits) if submits else None), (min(starts) if starts else None), (max(ends) if ends else None)
     return JobReport(
         id=job.id, name=job.name, owner=job.owner, state=state, submit=submit, start=start, end=end,

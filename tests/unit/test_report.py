@@ -38,3 +38,14 @@ def test_pack_gpu_hours_count_the_share_once_split_among_members() -> None:
     report = build_report(jobs, records, {"t4": 4, "v100": 4}, shares=shares)
     assert [j.gpu_hours for j in report.jobs] == [{"t4": 0.25}, {"t4": 0.25}, {"v100": 0.5}]
     assert report.gpu_hours == {"t4": 0.5, "v100": 0.5}
+
+
+def test_jct_and_queueing_count_from_when_slurmhet_stored_the_job() -> None:
+    """The job waited 100 s in slurmhet's store before its sbatch (sacct Submit = T0): the user waited
+    110 s for it to start and 3,710 s for it to end. A naive store time (SQLite) is UTC."""
+    records = [_row("30", 10, 3600, {"gres/gpu:v100": 1}, "nodea")]
+    stored = (T0 - timedelta(seconds=100)).replace(tzinfo=None)
+    report = build_report([StoredJob(1, "j", "root", 1.0, None, ("30",), stored_at=stored)], records, {"v100": 4})
+    (job,) = report.jobs
+    assert (job.queue_s, job.run_s, job.jct_s) == (110.0, 3600.0, 3710.0)
+    assert report.makespan_s == 3710.0
