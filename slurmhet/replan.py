@@ -33,7 +33,7 @@ from slurmhet.store.models import ClusterSnapshot, ProgressMark, ThroughputObser
 from slurmhet.submission import (PLACED, UNPLACED, Candidate, Dispatcher, candidate_of, describe, dispatches,
                                  foreign_gpu_nodes, next_round, plan_for, render_parts, stored_allocation,
                                  throughput_table, unplaceable)
-from slurmhet.sync import adopt_orphans, fetch_view, forked_round, sync_jobs
+from slurmhet.sync import adopt_orphans, ask_slurm, forked_round, sync_jobs
 from slurmhet.throughput import ThroughputEntry, ThroughputTable, canonical_key
 
 #: A refused job is retried this many times, then left SUBMIT_FAILED for a person to look at.
@@ -197,9 +197,7 @@ class Replanner:
         result = ReplanResult()
         inventory = Inventory(tuple(self.client.nodes()))
         now = datetime.now(timezone.utc).timestamp()
-        with self.db.snapshot() as session:  # Slurm is asked outside the write transaction
-            view = fetch_view(self.client, list_jobs(session, states=UNPLACED + PLACED))
-        queue = self.client.queue()
+        view, queue = ask_slurm(self.db, self.client, UNPLACED + PLACED)
         with self.db.transaction() as session:
             jobs = list_jobs(session, states=UNPLACED + PLACED)
             sync_jobs(session, jobs, view)

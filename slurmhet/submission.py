@@ -33,7 +33,7 @@ from slurmhet.slurm.runner import SlurmCommandError, SlurmRunner
 from slurmhet.spec import JobSpec, check_against_cluster, parse_job
 from slurmhet.store import Database, Job, JobState, SlurmJob, add_event, create_job, get_job, list_jobs
 from slurmhet.store.lock import dispatch_lock
-from slurmhet.sync import adopt_orphans, fetch_view, sync_jobs
+from slurmhet.sync import adopt_orphans, ask_slurm, sync_jobs
 from slurmhet.throughput import ThroughputTable, load_tables
 
 #: Seconds between Slurm's USR2 (``--signal=B:USR2@N``) and the time limit; the runtime checkpoints then.
@@ -416,9 +416,7 @@ def submit_new(db: Database | None, dispatcher_args: tuple[SlurmClient, SiteProf
         # Re-read under the lock (a concurrent submit or replan may have placed jobs meanwhile),
         # and refresh from Slurm so finished jobs no longer hold GPUs in the plan. Slurm is asked
         # before the write transaction, so other commands are not kept waiting for the store.
-        with db.snapshot() as session:
-            view = fetch_view(client, list_jobs(session, states=UNPLACED + PLACED))
-        queue = client.queue()
+        view, queue = ask_slurm(db, client, UNPLACED + PLACED)
         with db.transaction() as session:
             jobs = list_jobs(session, states=UNPLACED + PLACED)
             sync_jobs(session, jobs, view)

@@ -14,8 +14,9 @@ from sqlalchemy.orm import Session
 
 from slurmhet.slurm.client import SlurmClient
 from slurmhet.slurm.parsers import AccountingRecord, QueueRecord
+from slurmhet.store.db import Database
 from slurmhet.store.models import Job, JobState, SlurmJob
-from slurmhet.store.records import add_event
+from slurmhet.store.records import add_event, list_jobs
 
 _FAILED = {"FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
 _LIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "STOPPED"}
@@ -50,7 +51,7 @@ def _combine(states: list[str]) -> str:
     return "COMPLETED" if states else "UNKNOWN"
 
 
-def status_from_queue(part: SlurmJob, records: list[QueueRecord]) -> PartStatus | None:
+def status_from_queue(part: SlurmJob, records: Sequence[QueueRecord]) -> PartStatus | None:
     mine = [r for r in records if r.root_id == part.slurm_job_id and _matches(part, r.het_offset, r.array_task)]
     if not mine:
         return None
@@ -58,7 +59,7 @@ def status_from_queue(part: SlurmJob, records: list[QueueRecord]) -> PartStatus 
                       nodes=",".join(sorted({r.nodes for r in mine if r.nodes})))
 
 
-def status_from_accounting(part: SlurmJob, records: list[AccountingRecord]) -> PartStatus | None:
+def status_from_accounting(part: SlurmJob, records: Sequence[AccountingRecord]) -> PartStatus | None:
     mine = [r for r in records if r.id.job == part.slurm_job_id and not r.id.is_step
             and _matches(part, r.id.het_offset, r.id.array_task)]
     if not mine:
@@ -114,7 +115,7 @@ class SlurmView:
     accounting: tuple[AccountingRecord, ...] = ()
 
     def status(self, part: SlurmJob) -> PartStatus | None:
-        return status_from_queue(part, list(self.queue)) or status_from_accounting(part, list(self.accounting))
+        return status_from_queue(part, self.queue) or status_from_accounting(part, self.accounting)
 
 
 def _live_parts(jobs: Sequence[Job]) -> list[SlurmJob]:
@@ -130,6 +131,14 @@ def fetch_view(client: SlurmClient, jobs: Sequence[Job]) -> SlurmView:
     queue = client.queue(sorted({p.slurm_job_id for p in live_parts}))
     missing = sorted({p.slurm_job_id for p in live_parts if status_from_queue(p, queue) is None})
     return SlurmView(tuple(queue), tuple(client.accounting(missing)) if missing else ())
+
+
+def ask_slurm(db: Database, client: SlurmClient, states: Sequence[JobState]) -> tuple[SlurmView, list[QueueRecord]]:
+    """The view of the stored jobs in ``states`` and the whole queue (for :func:`adopt_orphans`), asked
+    through a read-only snapshot, so the store's write lock is not held while Slurm answers."""
+    with db.snapshot() as session:
+        view = fetch_view(client, list_jobs(session, states=states))
+    return view, client.queue()
 
 
 def sync_jobs(session: Session, jobs: list[Job], view: SlurmView) -> int:

@@ -8,8 +8,9 @@ the others keep the planner's WSPT order. ``slurmhet replan`` and the simulator'
 measure is what the replanner ships.
 
 - A job's time is its remaining run time on its fastest allowed type at its size (an
-  elastic job: the most GPUs it may use there, or ``min_gpus`` if that is faster), packed on the fewest nodes of that type (largest first), by the planner's own model
-  (eqs. 7, 11 with the inter-node link when it spans nodes). The one-node figure would
+  elastic job: at its fastest size there, see :func:`fastest_packed`), packed on the
+  fewest nodes of that type (largest first), by the planner's own model (eqs. 7, 11
+  with the inter-node link when it spans nodes). The one-node figure would
   hide the all-reduce a job larger than any node pays: 8-GPU LM jobs on 4-GPU nodes looked
   9x shorter than they are, never became critical and set the ``hadar`` TTD on trace
   seed 1 (bench/README.md).
