@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from slurmhet.config import SlurmOverrides
+from slurmhet.runtime.progress import atomic_write_text
 from slurmhet.slurm.client import SlurmClient
 from slurmhet.slurm.runner import SlurmCommandError
 
@@ -95,8 +96,6 @@ def load_profile(client: SlurmClient, cache: Path, overrides: SlurmOverrides, re
         if cached is not None and cached.conf_stamp == _conf_stamp():
             return apply_overrides(cached, overrides)
     profile = probe(client)
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(".tmp")
-    tmp.write_text(json.dumps(asdict(profile), indent=1))
-    tmp.replace(cache)
+    # A temporary file of its own: concurrent commands probing at once must not rename each other's.
+    atomic_write_text(cache, json.dumps(asdict(profile), indent=1))
     return apply_overrides(profile, overrides)

@@ -126,3 +126,31 @@ def test_profile_probe_cache_and_overrides(tmp_path: Path) -> None:
     again = load_profile(SlurmCli(runner), cache, SlurmOverrides(gpu_request_style="gres", max_array_size=50))
     assert len(runner.calls) == calls  # served from the cache
     assert again.gpu_request_style == "gres" and again.max_array_size == 50
+
+
+def test_concurrent_probes_each_write_the_cache_whole(tmp_path: Path) -> None:
+    """Fifty `slurmhet submit`s on a fresh state dir all probe at once; each must write its own temporary
+    file (a shared `profile.tmp` made one process's rename fail with FileNotFoundError in a cluster run)."""
+    import json
+    import threading
+
+    cache = tmp_path / "profile.json"
+    start = threading.Barrier(8)
+    errors: list[BaseException] = []
+
+    def probe_many() -> None:
+        start.wait()
+        for _ in range(20):
+            try:
+                load_profile(SlurmCli(FakeRunner(_answers())), cache, SlurmOverrides(), refresh=True)
+            except BaseException as exc:  # noqa: BLE001 - collected and asserted below
+                errors.append(exc)
+
+    threads = [threading.Thread(target=probe_many) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert json.loads(cache.read_text())["slurm_version"] == "22.5.8"
+    assert [p.name for p in tmp_path.iterdir()] == ["profile.json"]  # no temporary file left
