@@ -7,6 +7,7 @@ inventory was read from the live cluster (``slurmhet.slurm``) or from a YAML fil
 from __future__ import annotations
 
 from collections import Counter
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
@@ -73,6 +74,79 @@ class Inventory:
             if n.name == name:
                 return n
         raise KeyError(name)
+
+
+@dataclass(frozen=True)
+class Hold:
+    """GPUs of one type on one node that slurmhet may not plan onto for a span of time.
+
+    Someone else holds them: a job slurmhet did not submit (``kind="job"``, from its
+    start until its expected end), a reservation the user may not use
+    (``kind="reservation"``), or a foreign pending job Slurm has already slated for
+    these nodes at its expected start (``kind="pending"``). Times are absolute
+    seconds; ``end_s`` is ``math.inf`` when nobody knows.
+    """
+
+    node: str
+    gpu_type: str
+    count: int
+    start_s: float
+    end_s: float
+    kind: str
+    #: Who holds them, for people: "job 244 (alice, partition v100)", "reservation maint".
+    owner: str
+    #: ``end_s`` is an estimate (learned from history), not a bound Slurm enforces.
+    estimated: bool = False
+
+    def active(self, at: float) -> bool:
+        return self.start_s <= at < self.end_s
+
+
+@dataclass(frozen=True)
+class QueuedAhead:
+    """A foreign pending job that Slurm will start ahead of ours, with no nodes chosen yet.
+
+    It takes ``count`` GPUs of one of ``gpu_types`` as they free up, before any of
+    slurmhet's waiting jobs, and holds them for ``duration_s``.
+    """
+
+    gpu_types: tuple[str, ...]
+    count: int
+    duration_s: float
+    owner: str
+
+
+@dataclass(frozen=True)
+class OpenWorld:
+    """What the rest of a shared cluster takes from the inventory, as plain capacity facts.
+
+    Read from Slurm by :mod:`slurmhet.slurm.world`; empty for the simulator, whose
+    cluster belongs to its trace. The planner treats holds like pinned jobs and caps
+    like any other limit, so one planner serves both.
+    """
+
+    holds: tuple[Hold, ...] = ()
+    ahead: tuple[QueuedAhead, ...] = ()
+    #: User -> most GPUs their jobs may hold at once (QOS ``MaxTRESPerUser=gres/gpu=N`` and the like).
+    gpu_caps: Mapping[str, int] = field(default_factory=dict)
+    #: A hold starting within this many seconds of now already takes its GPUs from the jobs placed now
+    #: (Slurm will not start a job on nodes that a reservation claims before its time limit ends).
+    lookahead_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        for hold in self.holds:
+            if hold.count < 0 or not hold.end_s > hold.start_s or math.isnan(hold.start_s):
+                raise InputError(f"hold of {hold.count} {hold.gpu_type} on {hold.node} by {hold.owner} spans "
+                                 f"[{hold.start_s}, {hold.end_s})", place="open_world.holds",
+                                 hint="a hold needs a count >= 0 and an end after its start")
+        for user, cap in self.gpu_caps.items():
+            if cap < 0:
+                raise InputError(f"GPU cap {cap} of user {user!r} is negative", place="open_world.gpu_caps",
+                                 hint="a cap is a count of GPUs >= 0")
+
+    def held(self, at: float, horizon: float = 0.0) -> list[Hold]:
+        """Holds that take their GPUs at ``at``: active then, or starting before ``at + horizon``."""
+        return [h for h in self.holds if h.start_s < at + max(horizon, 0.0) + 1e-9 and h.end_s > at]
 
 
 def parse_cluster_spec(text: str, gpus_per_node: int = 4) -> Inventory:

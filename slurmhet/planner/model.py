@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from slurmhet.cluster import Inventory
+from slurmhet.cluster import Inventory, OpenWorld
 from slurmhet.errors import InputError
 from slurmhet.spec import JobSpec
 from slurmhet.throughput import ThroughputTable, canonical_model, workload_key
@@ -89,6 +89,8 @@ class PlanJob:
     gpu_memory_gb: float | None = None
     submitted_at: float = 0.0
     current: Allocation | None = None
+    #: Who submitted it: per-user limits (QOS GPU caps in :class:`OpenWorld`) apply to the sum of their jobs.
+    user: str = ""
 
     def __post_init__(self) -> None:
         checks = (
@@ -148,6 +150,9 @@ class PlanningInput:
     #: With ``pin_running=False``: the share of the time to the next decision a running job loses when the
     #: plan changes its GPU counts (checkpoint-restart / decision interval), charged against that move.
     move_penalty: float = 0.0
+    #: The rest of a shared cluster: GPUs other users' jobs and reservations hold, Slurm's queue ahead of
+    #: ours, per-user GPU caps. Empty in the simulator.
+    world: OpenWorld = field(default_factory=OpenWorld)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.move_penalty < 1.0:
