@@ -12,17 +12,24 @@ A policy is an *allocator* (``Problem -> per-job node slots``) wrapped by
    min/max, allowed types) so that no policy can return an impossible plan;
 5. co-locates waiting single-GPU jobs that allow it (seed 002) and predicts
    when the other waiting jobs start by list-scheduling them in the same order.
+
+On a shared cluster (``PlanningInput.world``) GPUs other users' jobs or
+reservations hold are pinned capacity like a running job of ours, until their
+expected end; foreign pending jobs Slurm starts ahead of ours take GPUs first
+as they free up; a per-user GPU cap bounds the sum of a user's jobs, both when
+jobs are admitted now and when waiting jobs are predicted to start.
 """
 
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
 
-from slurmhet.cluster import Inventory
+from slurmhet.cluster import Inventory, OpenWorld
 from slurmhet.errors import InputError
 from slurmhet.planner import colocation
 from slurmhet.planner.model import (
@@ -68,6 +75,8 @@ class _Context:
     pinned: list[PlanJob]
     admitted: list[PlanJob]
     waiting: list[PlanJob]
+    #: Jobs that wait for a faster type held by others rather than start now on a slower one: why.
+    waits_for: dict[str, str]
 
 
 def build_problem(inp: PlanningInput) -> Problem:
@@ -98,22 +107,106 @@ def _prepare(inp: PlanningInput) -> tuple[Problem, _Context]:
     if (capacity < 0).any():
         raise InputError("running jobs hold more GPUs than the inventory has", place="inventory",
                          hint="refresh the inventory before planning")
+    _take_world(capacity, inp.world, inp.now, nodes, types)
+    caps = inp.world.gpu_caps
+    for job in inp.jobs:
+        if job.user in caps and job.min_gpus > caps[job.user]:
+            raise InputError(f"job {job.id!r} needs {job.min_gpus} GPUs at once but user {job.user!r} may hold at "
+                             f"most {caps[job.user]}", place=f"{job.id}.gpus.min",
+                             hint=f"lower gpus.min to {caps[job.user]} or ask for a larger GPU limit")
     pending = sorted((j for j in inp.jobs if j not in pinned),
                      key=lambda j: wspt_key(j, rates[j.id], inventory.inter_node_gbps))
     free = capacity.sum(axis=0)
+    held: Counter[str] = Counter()
+    for job in pinned:
+        held[job.user] += job.current.gpus  # type: ignore[union-attr]
     admitted, waiting = [], []
+    waits_for: dict[str, str] = {}
     for job in pending:
         take = _min_counts(job, rates[job.id], types, free)
-        if take is None:
+        if take is None or (job.user in caps and held[job.user] + job.min_gpus > caps[job.user]):
+            waiting.append(job)
+            continue
+        faster = _faster_later(job, rates[job.id], types, free, take, inp) if inp.world.holds else None
+        if faster is not None:
+            gpu_type, waits_for[job.id] = faster
+            rates[job.id] = {gpu_type: rates[job.id][gpu_type]}
             waiting.append(job)
         else:
             free -= take
+            held[job.user] += job.min_gpus
             admitted.append(job)
+    # A capped user's slack above the admitted jobs' minimums goes to them in admission order, so no
+    # allocator can give the user more GPUs than the cap, whatever it does within [min, max].
+    slack = {user: cap - held[user] for user, cap in caps.items()}
+    for i, job in enumerate(admitted):
+        if job.user in slack:
+            top = min(job.max_gpus, job.min_gpus + slack[job.user])
+            slack[job.user] -= top - job.min_gpus
+            admitted[i] = replace(job, max_gpus=top) if top != job.max_gpus else job
     matrix = np.array([[rates[j.id].get(t, 0.0) for t in types] for j in admitted]).reshape(len(admitted), len(types))
     problem = Problem(tuple(admitted), types, nodes, capacity, matrix, inventory.intra_node_gbps,
                       inventory.inter_node_gbps, inp.seed, preemptive=not inp.pin_running,
                       move_penalty=inp.move_penalty)
-    return problem, _Context(inventory, types, rates, priors, pinned, admitted, waiting)
+    return problem, _Context(inventory, types, rates, priors, pinned, admitted, waiting, waits_for)
+
+
+def _faster_later(job: PlanJob, rates: dict[str, float], types: tuple[str, ...], free: np.ndarray,
+                  take: np.ndarray, inp: PlanningInput) -> tuple[str, str] | None:
+    """The job's fastest type and why, when waiting for it (held by others) finishes sooner than starting now.
+
+    Starting now runs on ``take`` (its minimum on the fastest free types); waiting runs on its minimum
+    of the fastest type from when enough of it is free: what is free now plus what other users' holds
+    release, in order of their expected ends. None when starting now is as good, or nothing tells when
+    the fastest type frees up.
+    """
+    best = max(rates, key=lambda t: (rates[t], t))
+    b = types.index(best)
+    if take[b] == take.sum():
+        return None
+    gbps = inp.inventory.inter_node_gbps
+    vec = np.array([rates.get(t, 0.0) for t in types])
+    run_now = run_seconds(job, float(vec @ take), int(take.sum()), gbps)
+    have, ready = int(free[b]), inp.now
+    for hold in sorted((h for h in inp.world.held(inp.now) if h.gpu_type == best and np.isfinite(h.end_s)),
+                       key=lambda h: h.end_s):
+        if have >= job.min_gpus:
+            break
+        have, ready = have + hold.count, hold.end_s
+    if have < job.min_gpus:
+        return None
+    run_later = run_seconds(job, rates[best] * job.min_gpus, job.min_gpus, gbps)
+    if ready + run_later >= inp.now + run_now:
+        return None
+    now_types = "+".join(f"{int(c)}x{t}" for t, c in zip(types, take) if c)
+    return best, (f"waits for {job.min_gpus} {best} held by other users until ~{ready - inp.now:.0f} s from now: "
+                  f"finishes {ready + run_later - inp.now:.0f} s from now there, vs {run_now:.0f} s starting now "
+                  f"on {now_types}")
+
+
+def _take_world(capacity: np.ndarray, world: OpenWorld, now: float, nodes: tuple[str, ...],
+                types: tuple[str, ...]) -> None:
+    """Take from ``capacity`` (in place) what other users hold now and what Slurm starts ahead of ours now.
+
+    Holds count from now (or from within ``world.lookahead_s``); a node or type the inventory
+    lacks (drained, or not a GPU type here) holds nothing. A foreign job ahead of ours that fits
+    in what is left takes it, on the nodes with most free GPUs of its type, as Slurm would start
+    it first; one that does not fit yet waits for GPUs to free up (see :func:`_list_schedule`).
+    """
+    node_index = {n: i for i, n in enumerate(nodes)}
+    for hold in world.held(now, world.lookahead_s):
+        if hold.node in node_index and hold.gpu_type in types:
+            i, t = node_index[hold.node], types.index(hold.gpu_type)
+            capacity[i, t] = max(0, capacity[i, t] - hold.count)
+    for job in world.ahead:
+        fits = [types.index(t) for t in job.gpu_types if t in types and capacity[:, types.index(t)].sum() >= job.count]
+        if not fits:
+            continue
+        t, need = fits[0], job.count
+        for i in sorted(range(len(nodes)), key=lambda i: (-capacity[i, t], i)):
+            got = min(need, int(capacity[i, t]))
+            capacity[i, t] -= got
+            need -= got
 
 
 def plan_with(name: str, allocator: Allocator, inp: PlanningInput, progress: Progress | None,
@@ -144,7 +237,8 @@ def plan_with(name: str, allocator: Allocator, inp: PlanningInput, progress: Pro
                 order += 1
             plans[job_id] = plan
     still = [j for j in waiting if j.id not in plans]
-    for plan in _list_schedule(still, plans, rates, priors, capacity_total(inventory, types), types, inp, order):
+    for plan in _list_schedule(still, plans, rates, priors, capacity_total(inventory, types), types, inp, order,
+                               ctx.waits_for):
         plans[plan.job_id] = plan
     return Plan(name, tuple(plans[j.id] for j in inp.jobs), inp.now)
 
@@ -200,54 +294,142 @@ def _job_plan(job: PlanJob, allocation: Allocation, rates: dict[str, float], inp
 
 def _list_schedule(waiting: list[PlanJob], plans: dict[str, JobPlan], rates: dict[str, dict[str, float]],
                    priors: dict[str, tuple[str, ...]], total: np.ndarray, types: tuple[str, ...],
-                   inp: PlanningInput, order: int) -> list[JobPlan]:
+                   inp: PlanningInput, order: int, waits_for: dict[str, str]) -> list[JobPlan]:
     """Predict start times of waiting jobs: in order, each starts once its GPUs are free (no backfilling).
 
     GPUs are counted by type only; the job gets the fastest allowed free GPUs,
     one at a time while that shortens its run (the node placement is decided
-    when it actually starts, at a later replan).
+    when it actually starts, at a later replan). Other users' holds take their
+    GPUs from their start to their expected end, and foreign jobs Slurm starts
+    ahead of ours take GPUs first, each at the earliest time they fit. A capped
+    user's job also waits until the user's own jobs leave room under the cap.
+    A hold that starts while a job runs is not checked against that job (Slurm's
+    backfill would refuse such a start; the prediction is then optimistic).
     """
-    # A heap of (finish, sequence, GPUs by type): the sequence number keeps equal finish times in insertion order.
-    events = [(p.finish_s, n, p.allocation.by_type()) for n, p in enumerate(plans.values()) if p.allocation]
-    heapq.heapify(events)
-    sequence = len(plans)
-    busy = np.zeros(len(types), dtype=int)
-    for _, _, by_type in events:
-        for t, c in by_type.items():
-            busy[types.index(t)] += c
+    users = {j.id: j.user for j in inp.jobs}
+    caps = inp.world.gpu_caps
+    timeline = _Timeline(types, total)
+    for p in plans.values():
+        if p.allocation:
+            timeline.hold(inp.now, p.finish_s, p.allocation.by_type(), users.get(p.job_id, ""))
+    for hold in inp.world.holds:
+        if hold.gpu_type in types and hold.end_s > inp.now:
+            timeline.hold(max(hold.start_s, inp.now), hold.end_s, {hold.gpu_type: hold.count})
+    for ahead in inp.world.ahead:
+        start, gpu_type = timeline.earliest(inp.now, ahead.gpu_types, ahead.count)
+        if gpu_type is not None:
+            timeline.hold(start, start + ahead.duration_s, {gpu_type: ahead.count})
     clock, out = inp.now, []
     for job in waiting:
-        take = None
-        while True:
-            take = _min_counts(job, rates[job.id], types, total - busy)
-            if take is not None or not events:
-                break
-            finish, _, by_type = heapq.heappop(events)
-            clock = max(clock, finish)
-            for t, c in by_type.items():
-                busy[types.index(t)] -= c
+        cap = caps.get(job.user)
+
+        def fit(free: np.ndarray, used: Counter[str], job: PlanJob = job, cap: int | None = cap) -> np.ndarray | None:
+            if cap is not None and used[job.user] + job.min_gpus > cap:
+                return None
+            return _min_counts(job, rates[job.id], types, free)
+
+        clock, take = timeline.first_fit(clock, fit)
         if take is None:
-            raise AssertionError(f"job {job.id!r} can never start")  # excluded by the min_gpus check above
-        take = _grow(job, rates[job.id], types, total - busy, take, inp)
+            # Held with no known end (or a cap nothing frees): the run time is on its minimum, the start unknown.
+            take = _min_counts(job, rates[job.id], types, total)
+            reason = (f"waits for {job.min_gpus} GPU(s) of {', '.join(sorted(rates[job.id]))}, held with no known "
+                      f"end: no predicted start")
+        else:
+            room = None if cap is None else cap - timeline.used_by(job.user)
+            take = _grow(job, rates[job.id], types, timeline.free(), take, inp, room)
+            reason = (f"waits for {job.min_gpus} GPU(s) of {', '.join(sorted(rates[job.id]))}; "
+                      f"predicted start after {clock - inp.now:.0f} s (WSPT order)")
+        assert take is not None  # min_gpus fits the allowed types' capacity: checked in _prepare
         counts = {("(at start)", types[i]): int(c) for i, c in enumerate(take) if c}
         plan = _job_plan(job, Allocation.of(counts), rates[job.id], inp, order, priors[job.id], start=clock)
-        plan = JobPlan(**{**plan.__dict__, "allocation": None, "shard_weights": (),
-                          "wait_reason": f"waits for {job.min_gpus} GPU(s) of {', '.join(sorted(rates[job.id]))}; "
-                                         f"predicted start after {clock - inp.now:.0f} s (WSPT order)"})
-        out.append(plan)
+        out.append(JobPlan(**{**plan.__dict__, "allocation": None, "shard_weights": (),
+                              "wait_reason": waits_for.get(job.id, reason)}))
         order += 1
-        busy += take
-        heapq.heappush(events, (plan.finish_s, sequence, {types[i]: int(c) for i, c in enumerate(take) if c}))
-        sequence += 1
+        if reason.endswith("(WSPT order)"):
+            timeline.hold(clock, plan.finish_s, {types[i]: int(c) for i, c in enumerate(take) if c}, job.user)
     return out
 
 
+class _Timeline:
+    """GPUs in use by type over time, as a heap of future changes (holds starting and ending)."""
+
+    def __init__(self, types: tuple[str, ...], total: np.ndarray) -> None:
+        self.types, self.total = types, total
+        self.busy = np.zeros(len(types), dtype=int)
+        self.by_user: Counter[str] = Counter()
+        self.clock = -np.inf
+        self.events: list[tuple[float, int, int, tuple[tuple[int, int], ...], str]] = []
+        self.sequence = 0
+
+    def _push(self, at: float, sign: int, counts: tuple[tuple[int, int], ...], user: str) -> None:
+        # Releases (-1) before acquisitions (+1) at equal times, then insertion order.
+        heapq.heappush(self.events, (at, sign, self.sequence, counts, user))
+        self.sequence += 1
+
+    def hold(self, start: float, end: float, by_type: dict[str, int], user: str = "") -> None:
+        counts = tuple((self.types.index(t), c) for t, c in by_type.items() if c)
+        self._push(start, 1, counts, user)
+        if np.isfinite(end):
+            self._push(end, -1, counts, user)
+
+    def _advance(self) -> float:
+        at, sign, _, counts, user = heapq.heappop(self.events)
+        for t, c in counts:
+            self.busy[t] += sign * c
+        if user:
+            self.by_user[user] += sign * sum(c for _, c in counts)
+        self.clock = max(self.clock, at)
+        return at
+
+    def _settle(self, clock: float) -> None:
+        while self.events and self.events[0][0] <= clock:
+            self._advance()
+
+    def free(self) -> np.ndarray:
+        return np.maximum(self.total - self.busy, 0)
+
+    def used_by(self, user: str) -> int:
+        return self.by_user[user]
+
+    def first_fit(self, clock: float, fit: Callable[[np.ndarray, Counter[str]], np.ndarray | None]
+                  ) -> tuple[float, np.ndarray | None]:
+        """The first time from ``clock`` at which ``fit`` finds GPUs, and what it takes; None when never."""
+        self._settle(clock)
+        while True:
+            take = fit(self.free(), self.by_user)
+            if take is not None:
+                return clock, take
+            if not self.events:
+                return clock, None
+            clock = max(clock, self._advance())
+            self._settle(clock)
+
+    def earliest(self, clock: float, gpu_types: tuple[str, ...], count: int) -> tuple[float, str | None]:
+        """When ``count`` GPUs of one of ``gpu_types`` are first free from ``clock`` on, without consuming time.
+
+        Used for foreign jobs ahead of ours: each is placed at its own earliest fit, so one waiting for a
+        busy type does not delay the others on the timeline.
+        """
+        probe = _Timeline(self.types, self.total)
+        probe.busy, probe.events, probe.sequence = self.busy.copy(), list(self.events), self.sequence
+        known = [t for t in gpu_types if t in self.types]
+
+        def fit(free: np.ndarray, _: Counter[str]) -> np.ndarray | None:
+            ok = [self.types.index(t) for t in known if free[self.types.index(t)] >= count]
+            return np.array([ok[0]]) if ok else None
+
+        at, take = probe.first_fit(clock, fit)
+        return at, (self.types[int(take[0])] if take is not None else None)
+
+
 def _grow(job: PlanJob, rates: dict[str, float], types: tuple[str, ...], free: np.ndarray, take: np.ndarray,
-          inp: PlanningInput) -> np.ndarray:
+          inp: PlanningInput, room: int | None = None) -> np.ndarray:
+    """Add GPUs to ``take`` one at a time while that shortens the run, within ``max_gpus`` and a cap's ``room``."""
     take = take.copy()
     left = free - take
     vec = np.array([rates.get(t, 0.0) for t in types])
-    while take.sum() < job.max_gpus:
+    top = job.max_gpus if room is None else min(job.max_gpus, max(room, int(take.sum())))
+    while take.sum() < top:
         options = [i for i in range(len(types)) if left[i] > 0 and vec[i] > 0]
         if not options:
             break

@@ -1,0 +1,117 @@
+"""The planner on a shared cluster: other users' holds, Slurm's queue ahead of ours, per-user GPU caps.
+
+Hand-sized cases whose answers follow from the numbers: rates v100 = 100, t4 = 50
+samples/s, single-GPU jobs of 10,000 samples (100 s on a v100, 200 s on a t4).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from slurmhet.cluster import Hold, Inventory, Node, OpenWorld, QueuedAhead
+from slurmhet.errors import InputError
+from slurmhet.planner import POLICIES, PlanJob, PlanningInput
+from slurmhet.throughput import ThroughputTable
+
+W = "ResNet-18 (batch size 64)"
+TABLE = ThroughputTable.from_rates({W: {"v100": 100.0, "t4": 50.0}})
+NODES = Inventory((Node("nodea", {"v100": 4}), Node("nodeb", {"t4": 4})))
+PLAN = POLICIES["slurmhet"]
+
+
+def job(name: str, *, lo: int = 1, hi: int = 1, types: tuple[str, ...] = ("v100", "t4"), user: str = "u",
+        samples: float = 10_000.0) -> PlanJob:
+    return PlanJob(name, W, samples, 64, min_gpus=lo, max_gpus=hi, allowed_types=types, user=user)
+
+
+def all_v100_held_until(end: float) -> OpenWorld:
+    return OpenWorld(holds=(Hold("nodea", "v100", 4, 0.0, end, "job", "job 244 (alice)"),))
+
+
+def test_a_job_goes_to_idle_t4s_when_the_v100s_are_held_for_longer_than_the_t4_run() -> None:
+    plan = PLAN(PlanningInput((job("a"),), NODES, TABLE, world=all_v100_held_until(10_000.0)))
+    jp = plan.job("a")
+    assert jp.allocation is not None and jp.allocation.by_type() == {"t4": 1}
+    assert jp.finish_s == pytest.approx(200.0)
+
+
+def test_a_job_waits_for_a_v100_when_its_release_plus_the_v100_run_beats_the_t4_run() -> None:
+    # v100 free at 50 s: 50 + 100 = 150 s < 200 s on a t4 now.
+    plan = PLAN(PlanningInput((job("a"),), NODES, TABLE, world=all_v100_held_until(50.0)))
+    jp = plan.job("a")
+    assert jp.allocation is None
+    assert jp.start_s == pytest.approx(50.0) and jp.finish_s == pytest.approx(150.0)
+    assert "v100" in (jp.wait_reason or "") and "held by other users" in (jp.wait_reason or "")
+
+
+def test_held_gpus_are_not_planned_and_waiting_jobs_start_when_the_hold_ends() -> None:
+    plan = PLAN(PlanningInput((job("a", types=("v100",)),), NODES, TABLE, world=all_v100_held_until(300.0)))
+    jp = plan.job("a")
+    assert jp.allocation is None and jp.start_s == pytest.approx(300.0) and jp.finish_s == pytest.approx(400.0)
+
+
+def test_a_hold_with_no_known_end_gives_no_predicted_start_instead_of_failing_the_plan() -> None:
+    plan = PLAN(PlanningInput((job("a", types=("v100",)), job("b", types=("t4",))), NODES, TABLE,
+                              world=all_v100_held_until(math.inf)))
+    assert "no predicted start" in (plan.job("a").wait_reason or "")
+    assert plan.job("b").allocation is not None
+
+
+def test_a_reservation_starting_within_the_lookahead_takes_its_node_now() -> None:
+    world = OpenWorld(holds=(Hold("nodeb", "t4", 4, 100.0, 3_700.0, "reservation", "reservation maint"),),
+                      lookahead_s=3_600.0)
+    jobs = tuple(job(f"j{i}") for i in range(6))
+    plan = PLAN(PlanningInput(jobs, NODES, TABLE, world=world))
+    placed = [jp.allocation for jp in plan.jobs if jp.allocation]
+    assert placed and all(a.by_type() == {"v100": 1} for a in placed)
+    # Without the lookahead the t4s are free now (the reservation starts in 100 s).
+    plan = PLAN(PlanningInput(jobs, NODES, TABLE, world=OpenWorld(holds=world.holds)))
+    assert any(jp.allocation and "t4" in jp.allocation.by_type() for jp in plan.jobs)
+
+
+def test_a_user_cap_bounds_the_gpus_of_all_their_jobs_now_and_in_the_prediction() -> None:
+    world = OpenWorld(gpu_caps={"capped": 2})
+    jobs = (job("a", hi=4, user="capped"), job("b", hi=4, user="capped"), job("c", user="capped"),
+            job("free", hi=4, user="other"))
+    plan = PLAN(PlanningInput(jobs, NODES, TABLE, world=world))
+    now = sum(jp.allocation.gpus for jp in plan.jobs if jp.allocation and jp.job_id != "free")
+    assert now <= 2
+    waiting = [jp for jp in plan.jobs if jp.allocation is None and jp.job_id != "free"]
+    assert waiting and all(jp.start_s > 0 for jp in waiting)
+    # Replaying the prediction: at no time do the capped user's jobs hold more than 2 GPUs.
+    spans = [(0.0, jp.finish_s, jp.allocation.gpus) for jp in plan.jobs if jp.allocation and jp.job_id != "free"]
+    for jp in waiting:
+        # A waiting job runs on its minimum or more; count it as its minimum (1), the cap binds on that.
+        spans.append((jp.start_s, jp.finish_s, 1))
+    for t in sorted({s for s, _, _ in spans}):
+        assert sum(g for s, e, g in spans if s <= t < e) <= 2
+
+
+def test_a_job_that_needs_more_gpus_than_its_users_cap_is_refused() -> None:
+    with pytest.raises(InputError, match="may hold at most 2"):
+        PLAN(PlanningInput((job("big", lo=3, hi=3, types=("v100",), user="capped"),), NODES, TABLE,
+                           world=OpenWorld(gpu_caps={"capped": 2})))
+
+
+def test_a_foreign_job_ahead_in_slurms_queue_takes_free_gpus_first() -> None:
+    world = OpenWorld(ahead=(QueuedAhead(("v100",), 4, 500.0, "job 300 (bob)"),))
+    plan = PLAN(PlanningInput((job("a", types=("v100",)),), NODES, TABLE, world=world))
+    jp = plan.job("a")
+    assert jp.allocation is None and jp.start_s == pytest.approx(500.0)
+
+
+def test_a_foreign_job_ahead_waiting_for_one_type_does_not_delay_jobs_on_another() -> None:
+    world = OpenWorld(holds=(Hold("nodea", "v100", 4, 0.0, 1_000.0, "job", "job 244 (alice)"),),
+                      ahead=(QueuedAhead(("v100",), 4, 500.0, "job 300 (bob)"),
+                             QueuedAhead(("t4",), 4, 100.0, "job 301 (bob)")))
+    plan = PLAN(PlanningInput((job("a", types=("t4",)),), NODES, TABLE, world=world))
+    assert plan.job("a").start_s == pytest.approx(100.0)   # after bob's t4 job, not after his v100 one
+    plan = PLAN(PlanningInput((job("b", types=("v100",)),), NODES, TABLE, world=world))
+    assert plan.job("b").start_s == pytest.approx(1_500.0)  # alice's hold ends at 1000, bob's v100 job runs 500
+
+
+def test_an_empty_world_plans_as_before() -> None:
+    jobs = (job("a", hi=2), job("b"))
+    assert PLAN(PlanningInput(jobs, NODES, TABLE)) == PLAN(PlanningInput(jobs, NODES, TABLE, world=OpenWorld()))
