@@ -36,7 +36,7 @@ pg-down:
 spank:
 	$(MAKE) -C spank
 
-## demo: a real local Slurm cluster, the example workload, and a report.
+## demo: a real local Slurm cluster with other users' jobs arriving (devcluster noise), the example workload, and a report.
 demo: setup cluster-up
 	etc/demo
 
