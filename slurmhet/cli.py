@@ -271,8 +271,10 @@ def run(argv: tuple[str, ...]) -> None:
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False), default=None, help="write PNG plots here")
 @click.pass_obj
 def report(obj: Context, since: Any, user: str | None, as_json: bool, as_csv: bool, plot_dir: str | None) -> None:
-    """JCT, queueing, makespan and GPU-hours per type, from sacct joined with the store."""
-    from slurmhet.report import GpuShares, build_report, write_plots
+    """JCT, queueing, makespan and GPU-hours per type, from sacct joined with the store, beside other users' jobs."""
+    from datetime import datetime, timezone
+
+    from slurmhet.report import GpuShares, build_report, foreign_report, records_from_queue, write_plots
     from slurmhet.submission import current_user
 
     if as_json and as_csv:
@@ -289,10 +291,6 @@ def report(obj: Context, since: Any, user: str | None, as_json: bool, as_csv: bo
     if obj.profile.accounting:
         records = obj.client.accounting(ids)
     else:
-        from datetime import datetime, timezone
-
-        from slurmhet.report import records_from_queue
-
         records = records_from_queue(obj.client.queue(ids), datetime.now(timezone.utc))
         notices.append("accounting is off at this site: times come from squeue/scontrol and cover live jobs only")
     inventory = obj.inventory()
@@ -300,6 +298,13 @@ def report(obj: Context, since: Any, user: str | None, as_json: bool, as_csv: bo
                                 n.shards / n.gpus[next(iter(n.gpus))])
               for n in inventory.nodes if len(n.gpus) == 1 and next(iter(n.gpus.values()))}
     result = build_report(jobs, records, inventory.gpus_by_type(), notices, shares)
+    if result.window[0] is not None:  # the jobs slurmhet's shared the cluster with
+        try:
+            others = (obj.client.accounting(None, since=result.window[0]) if obj.profile.accounting
+                      else records_from_queue(obj.client.queue(), datetime.now(timezone.utc)))
+            result.foreign = foreign_report(others, obj.db.instance, result.window, ids)
+        except (SlurmCommandError, SlurmOutputError) as exc:
+            result.notices.append(f"other users' jobs in the window are unknown: {exc}")
     if plot_dir:
         for path in write_plots(result, plot_dir):
             err_console.print(f"wrote {path}", markup=False)
@@ -342,8 +347,23 @@ def _print_report(result: Any) -> None:
                   f"; utilisation {util}", markup=False)
     if result.plan_error is not None:
         console.print(f"plan vs actual JCT error: {result.plan_error:.1%}", markup=False)
+    if result.foreign is not None:
+        _print_foreign(result.foreign, fmt)
     for notice in result.notices:
         console.print(f"note: {notice}", markup=False)
+
+
+def _print_foreign(foreign: Any, fmt: Any) -> None:
+    types = sorted(foreign.total.gpu_hours)
+    table = Table(title="other users' jobs in the same window")
+    for column in ("user", "jobs", "avg queue s", "avg JCT s", *[f"{t} GPU-h" for t in types]):
+        table.add_column(column)
+    for user, group in [*sorted(foreign.users.items()), ("all", foreign.total)]:
+        table.add_row(user, str(group.jobs), fmt(group.avg_queue_s), fmt(group.avg_jct_s),
+                      *[f"{group.gpu_hours.get(t, 0.0):.4f}" for t in types])
+    console.print(table)
+    console.print("(GPU-hours inside the window only; jobs not tagged by this store, pending ones included)",
+                  markup=False)
 
 
 @main.command("run-pack")

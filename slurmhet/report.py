@@ -2,7 +2,9 @@
 
 ``build_report`` is pure: it folds accounting records (het components, array
 tasks; ``.batch``/``.extern`` steps dropped) into the slurmhet jobs that own them
-and computes the metrics. The CLI gathers the inputs and prints or plots.
+and computes the metrics. ``foreign_report`` does the same for the jobs beside
+them: on a shared cluster, other users' jobs in the same window explain much of
+slurmhet's queueing. The CLI gathers the inputs and prints or plots.
 """
 
 from __future__ import annotations
@@ -65,6 +67,32 @@ class JobReport:
 
 
 @dataclass
+class ForeignGroup:
+    """Jobs not of this store (all of them, or one user's) overlapping the report's window."""
+
+    jobs: int
+    #: GPU-hours by type held inside the window only: the share of the cluster they took while slurmhet ran.
+    gpu_hours: dict[str, float]
+    avg_queue_s: float | None
+    avg_jct_s: float | None
+
+    def to_json(self) -> dict[str, object]:
+        return {"jobs": self.jobs, "gpu_hours": {k: round(v, 6) for k, v in sorted(self.gpu_hours.items())},
+                "avg_queue_s": _round(self.avg_queue_s), "avg_jct_s": _round(self.avg_jct_s)}
+
+
+@dataclass
+class ForeignReport:
+    """Other users' jobs in the same window: the load slurmhet's jobs shared the cluster with."""
+
+    total: ForeignGroup
+    users: dict[str, ForeignGroup]
+
+    def to_json(self) -> dict[str, object]:
+        return {**self.total.to_json(), "users": {u: g.to_json() for u, g in sorted(self.users.items())}}
+
+
+@dataclass
 class ClusterReport:
     jobs: list[JobReport]
     makespan_s: float | None
@@ -76,6 +104,8 @@ class ClusterReport:
     plan_error: float | None
     window: tuple[datetime | None, datetime | None]
     notices: list[str] = field(default_factory=list)
+    #: Jobs not of this store overlapping the window; None when not asked for or unknown.
+    foreign: ForeignReport | None = None
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -87,6 +117,7 @@ class ClusterReport:
                 "plan_error": self.plan_error,
                 "window": [w.isoformat() if w else None for w in self.window],
             },
+            "foreign": self.foreign.to_json() if self.foreign else None,
             "notices": self.notices,
         }
 
@@ -104,6 +135,10 @@ class ClusterReport:
 
 def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
 
 
 def _job_state(states: Sequence[str]) -> str:
@@ -233,6 +268,72 @@ def build_report(jobs: Sequence[StoredJob], records: Sequence[AccountingRecord],
         window=(window_start, window_end),
         notices=all_notices,
     )
+
+
+def is_this_store(comment: str, store_tag: str) -> bool:
+    """A ``--comment=slurmhet:<ids>@<store_tag>`` of this store (another store's slurmhet jobs are foreign)."""
+    return comment.startswith("slurmhet:") and comment.endswith(f"@{store_tag}")
+
+
+def _foreign_group(jobs: Sequence[list[AccountingRecord]], start: datetime, end: datetime) -> ForeignGroup:
+    hours: dict[str, float] = {}
+    queues, jcts = [], []
+    for rows in jobs:
+        for r in rows:
+            if not r.start:
+                continue
+            held_until = as_utc(r.end) if r.end else as_utc(r.start) + timedelta(seconds=r.elapsed_s)
+            overlap = (min(held_until, end) - max(as_utc(r.start), start)).total_seconds()
+            for gpu_type, count in r.gpus_by_type().items():
+                if overlap > 0:
+                    hours[gpu_type] = hours.get(gpu_type, 0.0) + count * overlap / 3600.0
+        submits = [as_utc(r.submit) for r in rows if r.submit]
+        starts = [as_utc(r.start) for r in rows if r.start]
+        if submits and starts:
+            queues.append((min(starts) - min(submits)).total_seconds())
+            if all(r.state in _FINAL for r in rows) and all(r.end for r in rows):
+                jcts.append((max(as_utc(r.end) for r in rows if r.end) - min(submits)).total_seconds())
+    return ForeignGroup(jobs=len(jobs), gpu_hours=hours, avg_queue_s=_mean(queues), avg_jct_s=_mean(jcts))
+
+
+def foreign_report(records: Iterable[AccountingRecord], store_tag: str,
+                   window: tuple[datetime | None, datetime | None], ours: Iterable[str] = ()) -> ForeignReport | None:
+    """Jobs in ``records`` (all users' sacct rows) that are not this store's and overlap ``window``.
+
+    A job is its het components together; each array task is a job of its own. A
+    job is this store's if any of its rows carries this store's comment tag, or if its
+    id is in ``ours`` (the store's Slurm ids). A job overlaps the window if it was
+    submitted before the window's end and had not ended before its start. Pending
+    jobs count too: they waited for the same GPUs. Queueing is its first start minus
+    its submit. JCT is its last end minus its submit, for finished jobs that ran.
+    GPU-hours count only the time inside the window.
+    """
+    start, end = window
+    if start is None or end is None:
+        return None
+    start, end = as_utc(start), as_utc(end)
+    mine = set(ours)
+    groups: dict[tuple[str, str], list[AccountingRecord]] = {}
+    for r in records:
+        if r.id.is_step:
+            continue
+        task = str(r.id.array_task) if r.id.array_task is not None else (r.id.array_pending or "")
+        groups.setdefault((r.id.job, task), []).append(r)
+    tagged = {job for (job, _), rows in groups.items() if any(is_this_store(r.comment, store_tag) for r in rows)}
+    by_user: dict[str, list[list[AccountingRecord]]] = {}
+    for (job, _), rows in sorted(groups.items()):
+        if job in tagged or job in mine:
+            continue
+        submits = [as_utc(r.submit) for r in rows if r.submit]
+        ended = [as_utc(r.end) for r in rows if r.end]
+        if not submits or min(submits) >= end:
+            continue
+        if all(r.state in _FINAL for r in rows) and ended and max(ended) <= start:
+            continue
+        user = next((r.user for r in rows if r.user), "?")
+        by_user.setdefault(user, []).append(rows)
+    return ForeignReport(total=_foreign_group([j for jobs in by_user.values() for j in jobs], start, end),
+                         users={u: _foreign_group(jobs, start, end) for u, jobs in by_user.items()})
 
 
 def write_plots(report: ClusterReport, directory: str) -> list[str]:
