@@ -27,6 +27,7 @@ from slurmhet.slurm.client import SlurmClient
 from slurmhet.slurm.profile import SiteProfile
 from slurmhet.slurm.runner import SlurmRunner
 from slurmhet.spec import parse_job
+from slurmhet.startup import fold_startup, learned_startup
 from slurmhet.store import Database, Job, JobState, SlurmJob, add_event, list_jobs
 from slurmhet.store.lock import dispatch_lock
 from slurmhet.store.models import ClusterSnapshot, ProgressMark, ThroughputObservation
@@ -207,10 +208,13 @@ class Replanner:
             result.events += [f"job {j.id} ({j.name}) ended {j.state.value}" for j in jobs
                               if j.state.final and forked_round(j) is None]
             result.events += [f"job {j.id} ({j.name}) arrived" for j in mine if j.plan is None]
-            table, shifts = fold_progress(session, read_progress(self.settings.progress_dir),
-                                          {str(j.id): self._workload(j) for j in jobs},
+            records = read_progress(self.settings.progress_dir)
+            workloads = {str(j.id): self._workload(j) for j in jobs}
+            table, shifts = fold_progress(session, records, workloads,
                                           learned_table(session, throughput_table(self.settings)))
             result.events += shifts
+            fold_startup(session, jobs, records, workloads, table.ewma_alpha)
+            startup = learned_startup(session)
             view = node_view(inventory)
             last = session.scalars(select(ClusterSnapshot).order_by(ClusterSnapshot.id.desc()).limit(1)).first()
             result.events += cluster_events(last.nodes if last else None, view)
@@ -242,7 +246,7 @@ class Replanner:
         candidates = [c for c in candidates if c is not None]
         if not candidates:
             return result
-        plan = plan_for(candidates, inventory, table, self.settings.default_policy, now)
+        plan = plan_for(candidates, inventory, table, self.settings.default_policy, now, startup=startup)
         ready = {c.job_id: c.spec for c in candidates
                  if c.current is None and c.owner == self.owner and c.job_id not in retry_capped}
         work = dispatches(plan, ready, self.profile, self.settings, inventory, self.db.instance, table=table,
@@ -256,7 +260,7 @@ class Replanner:
                 result.dry_run_parts += render_parts(d.parts)
             return result
         dispatcher = Dispatcher(self.db, self.client, self.profile, self.settings, self.runner)
-        dispatcher.record_plan(plan, list(ready), unplaceable(candidates, inventory))
+        dispatcher.record_plan(plan, list(ready), unplaceable(candidates, inventory), startup)
         for d in work:
             for outcome in dispatcher.submit(d, plan):
                 forked_note = f" forked into {len(d.fork.copies)} copies, round {d.fork.round}" if d.fork else ""

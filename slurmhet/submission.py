@@ -31,6 +31,7 @@ from slurmhet.slurm.parsers import QueueRecord
 from slurmhet.slurm.profile import SiteProfile
 from slurmhet.slurm.runner import SlurmCommandError, SlurmRunner
 from slurmhet.spec import JobSpec, check_against_cluster, parse_job
+from slurmhet.startup import StartupCosts, learned_startup
 from slurmhet.store import Database, Job, JobState, SlurmJob, add_event, create_job, get_job, list_jobs
 from slurmhet.store.lock import dispatch_lock
 from slurmhet.sync import adopt_orphans, ask_slurm, sync_jobs
@@ -153,8 +154,11 @@ def unplaceable(candidates: Sequence[Candidate], inventory: Inventory) -> dict[i
 
 
 def plan_for(candidates: Sequence[Candidate], inventory: Inventory, table: ThroughputTable, policy: str,
-             now: float, progress: Progress | None = None) -> Plan:
-    """Run the chosen planner over every candidate; placed jobs stay pinned, unplaceable ones wait."""
+             now: float, progress: Progress | None = None, startup: StartupCosts | None = None) -> Plan:
+    """Run the chosen planner over every candidate; placed jobs stay pinned, unplaceable ones wait.
+
+    ``startup`` is charged to every job not placed yet (None: no start-up cost).
+    """
     if policy not in POLICIES:
         raise InputError(f"unknown policy {policy!r}", place="--policy", hint="one of " + ", ".join(POLICIES))
     usable = inventory.usable()
@@ -170,7 +174,8 @@ def plan_for(candidates: Sequence[Candidate], inventory: Inventory, table: Throu
             first_of_pack.setdefault(c.pack, c.job_id)
     candidates = [c for c in candidates if c.pack is None or first_of_pack[c.pack] == c.job_id]
     jobs = tuple(plan_job_from_spec(str(c.job_id), c.spec, c.submitted_at, samples_done=c.samples_done,
-                                    current=c.current) for c in candidates)
+                                    current=c.current, startup_s=startup.for_spec(c.spec)[0] if startup else 0.0)
+                 for c in candidates)
     try:
         inp = PlanningInput(jobs, usable, table, now=now)
         return POLICIES[policy](QUEUE_PREPARE.get(policy, lambda given: given)(inp), progress=progress)
@@ -183,14 +188,16 @@ def plan_for(candidates: Sequence[Candidate], inventory: Inventory, table: Throu
         raise
 
 
-def plan_record(job_plan: JobPlan, policy: str) -> dict[str, Any]:
-    """What the store keeps of a job's plan (the replanner diffs against it)."""
+def plan_record(job_plan: JobPlan, policy: str, startup: tuple[float, bool] = (0.0, False)) -> dict[str, Any]:
+    """What the store keeps of a job's plan (the replanner diffs against it); ``startup``: the start-up
+    seconds its run time includes and whether they are the prior."""
     alloc = job_plan.allocation
     return {
         "policy": policy, "slots": [list(s) for s in alloc.slots] if alloc else None,
         "shard_weights": list(job_plan.shard_weights), "order": job_plan.order, "start_s": job_plan.start_s,
         "finish_s": job_plan.finish_s, "jct_s": job_plan.jct_s, "colocation_group": job_plan.colocation_group,
         "wait_reason": job_plan.wait_reason, "priors": list(job_plan.priors),
+        "startup_s": startup[0], "startup_prior": startup[1],
         "emulated": os.environ.get("SLURMHET_EMULATE_THROUGHPUT") == "1",
     }
 
@@ -283,8 +290,12 @@ class Dispatcher:
                  runner: SlurmRunner) -> None:
         self.db, self.client, self.profile, self.settings, self.runner = db, client, profile, settings, runner
 
-    def record_plan(self, plan: Plan, job_ids: Sequence[int], waiting: dict[int, str] | None = None) -> None:
-        """Store each job's plan, and the reason for jobs the plan could not place at all."""
+    def record_plan(self, plan: Plan, job_ids: Sequence[int], waiting: dict[int, str] | None = None,
+                    startup: StartupCosts | None = None) -> None:
+        """Store each job's plan, and the reason for jobs the plan could not place at all.
+
+        ``startup`` as given to :func:`plan_for`: the jobs recorded are not placed yet, so it charged them.
+        """
         wanted = {str(i) for i in job_ids}
         with self.db.transaction() as session:
             for job_id, reason in (waiting or {}).items():
@@ -296,7 +307,8 @@ class Dispatcher:
                     continue
                 job = get_job(session, int(job_plan.job_id))
                 assert job is not None
-                job.plan = plan_record(job_plan, plan.policy)
+                cost = startup.for_spec(parse_job(job.spec, f"store:job {job.id}")) if startup else (0.0, False)
+                job.plan = plan_record(job_plan, plan.policy, cost)
                 job.predicted_jct_s = job_plan.jct_s
                 if job_plan.allocation is None and job.state in UNPLACED:
                     job.reason = job_plan.wait_reason or "waiting for GPUs"
@@ -398,11 +410,14 @@ def submit_new(db: Database | None, dispatcher_args: tuple[SlurmClient, SiteProf
     now = datetime.now(timezone.utc).timestamp()
     if dry_run:
         existing: list[Candidate] = []
+        startup = StartupCosts()
         if db is not None:
             with db.transaction() as session:
                 existing = [candidate_of(j) for j in list_jobs(session, states=UNPLACED + PLACED)]
+                startup = learned_startup(session)
         fresh = [Candidate(-(i + 1), spec, now) for i, (spec, _) in enumerate(specs)]
-        plan = plan_for(existing + fresh, inventory, table, settings.default_policy, now, progress)
+        plan = plan_for(existing + fresh, inventory, table, settings.default_policy, now, progress,
+                        startup=startup)
         ready = {c.job_id: c.spec for c in fresh}
         rendered = {d.job_ids[0]: render_parts(d.parts)
                     for d in dispatches(plan, ready, profile, settings, inventory, table=table)}
@@ -428,11 +443,13 @@ def submit_new(db: Database | None, dispatcher_args: tuple[SlurmClient, SiteProf
             existing = [candidate_of(j) for j in jobs
                         if not j.state.final and (j.id not in set(new_ids) or j.id in placed)]
             rounds = {j.id: next_round(j) for j in jobs if not j.state.final and next_round(j)}
+            startup = learned_startup(session)
             already = {i: Outcome(i, j.name, j.state.value, sorted({p.slurm_job_id for p in j.slurm_jobs}),
                                   describe(stored_allocation(j))) for i, j in placed.items()}
         pending = [(i, spec) for i, spec in zip(new_ids, specs) if i not in already]
         outcomes = _plan_and_dispatch(db, (client, profile, settings, runner), existing, [i for i, _ in pending],
-                                      [spec for _, spec in pending], owner, inventory, table, now, progress, rounds)
+                                      [spec for _, spec in pending], owner, inventory, table, now, progress, rounds,
+                                      startup)
         by_id = {o.job_id: o for o in outcomes} | already
         return [by_id[i] for i in new_ids]
 
@@ -440,14 +457,15 @@ def submit_new(db: Database | None, dispatcher_args: tuple[SlurmClient, SiteProf
 def _plan_and_dispatch(db: Database, dispatcher_args: tuple[SlurmClient, SiteProfile, Settings, SlurmRunner],
                        existing: list[Candidate], new_ids: list[int], specs: Sequence[tuple[JobSpec, str]],
                        owner: str, inventory: Inventory, table: ThroughputTable, now: float,
-                       progress: Progress | None, rounds: dict[int, int] | None = None) -> list[Outcome]:
+                       progress: Progress | None, rounds: dict[int, int] | None = None,
+                       startup: StartupCosts | None = None) -> list[Outcome]:
     client, profile, settings, runner = dispatcher_args
     fresh = [Candidate(i, spec, now, owner=owner) for i, (spec, _) in zip(new_ids, specs)]
-    plan = plan_for(existing + fresh, inventory, table, settings.default_policy, now, progress)
+    plan = plan_for(existing + fresh, inventory, table, settings.default_policy, now, progress, startup=startup)
     # Everyone's jobs shape the plan; only the caller's own are submitted (sbatch runs as the caller).
     unplaced = [c for c in existing if c.current is None and c.owner == owner] + fresh
     dispatcher = Dispatcher(db, client, profile, settings, runner)
-    dispatcher.record_plan(plan, [c.job_id for c in unplaced], unplaceable(unplaced, inventory))
+    dispatcher.record_plan(plan, [c.job_id for c in unplaced], unplaceable(unplaced, inventory), startup)
     results: dict[int, Outcome] = {}
     steps_done = {c.job_id: int(c.samples_done // c.spec.global_batch) for c in unplaced}
     if rounds:  # a forked job between rounds: its steps so far come from the progress files

@@ -55,7 +55,7 @@ def _vectors(problem: Problem, j: int) -> tuple[np.ndarray, np.ndarray]:
     job = problem.jobs[j]
     link = np.where(fits, problem.intra_gbps, problem.inter_gbps)
     comm = job.syncs_remaining * 2.0 * (k - 1) * (job.model_size_mb / 1000.0) / (link * np.maximum(k, 1))
-    cost = job.weight * (job.samples_remaining / rate + comm)
+    cost = job.weight * (job.startup_s + job.samples_remaining / rate + comm)
     return x, cost
 
 

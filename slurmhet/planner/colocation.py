@@ -129,8 +129,10 @@ def apply_group(group: ColocationGroup, plans: Mapping[str, JobPlan], jobs: Mapp
                            run_seconds=run_seconds(job, entry.value, 1, inter_gbps), start_s=host.start_s,
                            finish_s=host.start_s, jct_s=0.0, order=order + i - 1, weight=job.weight,
                            priors=(group.gpu_type,) if entry.is_prior else ())
-        run = plan.run_seconds * group.slowdown[i]
-        epoch = run * job.samples_per_epoch / job.samples_remaining
+        # Sharing the GPU slows the work, not the start-up before it.
+        work = (plan.run_seconds - job.startup_s) * group.slowdown[i]
+        run = job.startup_s + work
+        epoch = work * job.samples_per_epoch / job.samples_remaining
         out[job_id] = replace(plan, run_seconds=run, epoch_seconds=epoch, finish_s=plan.start_s + run,
                               jct_s=plan.start_s + run - job.submitted_at, colocation_group=group.id,
                               needs_mps=True, wait_reason=None)

@@ -36,6 +36,8 @@ State -> PlanningInput
   job kept its GPUs to the end (see ``planner.problem``).
 - Moves: a round-based policy charges a moved job ``restart_s / round_s`` of its progress term
   (``move_penalty``), so the plan keeps a job where it is unless moving it pays for the restart.
+- Start-up: a job that never ran is charged ``startup_s`` = the engine's ``start_s`` (what its
+  first start costs), so the plan's run times are the engine's; a paused job's restart is not.
 - Running jobs: ``current`` is their allocation and ``pin_running = not migrate``; see
   ``migrate`` for the choice and bench/README.md (Reproductions) for the numbers. The
   planner keeps a re-planned job on its current slots when its GPU counts are unchanged
@@ -68,6 +70,11 @@ from slurmhet.throughput import ThroughputEntry, ThroughputTable, canonical_key
 
 #: Memory every single-GPU job declares for the planner's co-location check (see the module doc).
 NOMINAL_MEMORY_GB = 1.0
+
+
+def never_started(job: JobState) -> bool:
+    """Never started: the engine charges its next start ``start_s`` (a restarted job pays ``restart_s``)."""
+    return not job.running and job.remaining >= job.total_steps
 
 
 def workload_of(job: JobState) -> str:
@@ -134,7 +141,7 @@ class SlurmhetOverTime(TimePolicy):
                 min_gpus=1 if self.elastic else job.gpus, max_gpus=job.gpus, allowed_types=allowed, weight=job.weight,
                 colocate=job.gpus == 1,
                 gpu_memory_gb=NOMINAL_MEMORY_GB if job.gpus == 1 else None, submitted_at=job.arrival,
-                current=current))
+                current=current, startup_s=view.start_s if never_started(job) else 0.0))
         penalty = min(self.restart_s / self.round_s, 0.5) if self.round_s and self.migrate else 0.0
         return with_critical_path(PlanningInput(tuple(jobs), inventory, self.throughput_table(view), view.now,
                                                 pin_running=not self.migrate, colocation=self.colocation,

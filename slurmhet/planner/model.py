@@ -11,6 +11,10 @@ Eq. (6) charges one all-reduce per epoch. Data-parallel training really
 all-reduces every step, so :class:`PlanJob` carries ``samples_per_sync``: the
 global batch for per-step DDP (what :func:`plan_job_from_spec` sets) or the
 epoch size to reproduce the paper literally (what the TPDS benchmarks set).
+
+A job not yet running pays ``PlanJob.startup_s`` first (Slurm start to its first
+progress: interpreter, imports, rendezvous, data loading), which the papers leave
+out and a real cluster charges every start: :func:`run_seconds` includes it.
 """
 
 from __future__ import annotations
@@ -91,6 +95,9 @@ class PlanJob:
     current: Allocation | None = None
     #: Who submitted it: per-user limits (QOS GPU caps in :class:`OpenWorld`) apply to the sum of their jobs.
     user: str = ""
+    #: Seconds from its Slurm start to its first progress (interpreter, imports, rendezvous, data loading),
+    #: charged once before its work; 0 for a job already running.
+    startup_s: float = 0.0
 
     def __post_init__(self) -> None:
         checks = (
@@ -99,6 +106,7 @@ class PlanJob:
             ("samples_per_epoch", self.samples_per_epoch >= 0), ("min_gpus", self.min_gpus >= 1),
             ("max_gpus", self.max_gpus >= self.min_gpus), ("weight", self.weight > 0),
             ("gpu_memory_gb", self.gpu_memory_gb is None or self.gpu_memory_gb > 0),
+            ("startup_s", 0 <= self.startup_s < math.inf),
         )
         for name, ok in checks:
             if not ok:
@@ -217,16 +225,21 @@ def allreduce_seconds(model_size_mb: float, workers: int, link_gbps: float) -> f
     return 2.0 * (workers - 1) * (model_size_mb / 1000.0) / (link_gbps * workers)
 
 
-def run_seconds(job: PlanJob, rate_sum: float, workers: int, link_gbps: float) -> float:
+def work_seconds(job: PlanJob, rate_sum: float, workers: int, link_gbps: float) -> float:
     """Eq. (7) with (11): remaining samples / sum of rates + remaining syncs x all-reduce time."""
     if rate_sum <= 0 or workers <= 0:
         return math.inf
     return job.samples_remaining / rate_sum + job.syncs_remaining * allreduce_seconds(job.model_size_mb, workers, link_gbps)
 
 
+def run_seconds(job: PlanJob, rate_sum: float, workers: int, link_gbps: float) -> float:
+    """Predicted run time: the job's start-up, then its work (:func:`work_seconds`)."""
+    return job.startup_s + work_seconds(job, rate_sum, workers, link_gbps)
+
+
 def epoch_seconds(job: PlanJob, rate_sum: float, workers: int, link_gbps: float) -> float:
-    """Time of one epoch (``samples_per_epoch`` samples) under proportional assignment."""
-    return run_seconds(job, rate_sum, workers, link_gbps) * job.samples_per_epoch / job.samples_remaining
+    """Time of one epoch (``samples_per_epoch`` samples) under proportional assignment; no start-up."""
+    return work_seconds(job, rate_sum, workers, link_gbps) * job.samples_per_epoch / job.samples_remaining
 
 
 def link_of(allocation: Allocation, inventory: Inventory) -> float:
@@ -265,7 +278,7 @@ def realised_run_seconds(job: PlanJob, allocation: Allocation, weights: tuple[fl
     ranks = allocation.ranks()
     pace = max(w / true_rates[t] for w, (_, t) in zip(weights, ranks))
     comm = job.syncs_remaining * allreduce_seconds(job.model_size_mb, len(ranks), link_of(allocation, inventory))
-    return job.samples_remaining * pace + comm
+    return job.startup_s + job.samples_remaining * pace + comm
 
 
 def job_rates(job: PlanJob, table: ThroughputTable, gpu_types: tuple[str, ...]) -> tuple[dict[str, float], tuple[str, ...]]:
@@ -306,19 +319,20 @@ def equal_share_seconds(job: PlanJob, rates_all_gpus: float, gpus: int, jobs: in
     """
     share = gpus / jobs
     comm = 2.0 * (share - 1) * (job.model_size_mb / 1000.0) / (link_gbps * share) if share > 1 else 0.0
-    return job.syncs_remaining * comm + job.samples_remaining * jobs / rates_all_gpus
+    return job.startup_s + job.syncs_remaining * comm + job.samples_remaining * jobs / rates_all_gpus
 
 
 # --------------------------------------------------------------------------- specs -> jobs
 
 
 def plan_job_from_spec(job_id: str, spec: JobSpec, submitted_at: float, *, samples_done: float = 0.0,
-                       current: Allocation | None = None) -> PlanJob:
+                       current: Allocation | None = None, startup_s: float = 0.0) -> PlanJob:
     """Turn a user's JobSpec into a PlanJob (pure).
 
     DDP all-reduces every step, so one sync per ``global_batch`` samples;
     local-SGD jobs average once per epoch. A missing ``model_size_mb`` takes the
-    known model's size; multi-GPU jobs of unknown models must give it.
+    known model's size; multi-GPU jobs of unknown models must give it. ``startup_s``
+    is charged only to a job not running yet (``current`` unset): a running one paid it.
     """
     model = canonical_model(spec.workload.model)
     size = spec.model_size_mb
@@ -344,6 +358,7 @@ def plan_job_from_spec(job_id: str, spec: JobSpec, submitted_at: float, *, sampl
             samples_per_epoch=epoch, sync=spec.sync, min_gpus=spec.gpus.min, max_gpus=spec.gpus.max,
             allowed_types=spec.gpus.types, weight=spec.weight, priority=spec.priority, colocate=spec.colocate,
             gpu_memory_gb=spec.gpu_memory_gb, submitted_at=submitted_at, current=current,
+            startup_s=startup_s if current is None else 0.0,
         )
     except InputError as exc:
         field_name = _SPEC_FIELD.get(exc.place.rsplit(".", 1)[-1], "")

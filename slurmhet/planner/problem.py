@@ -54,6 +54,7 @@ class Problem:
         self._weights = np.array([j.weight for j in self.jobs])
         self._work = np.array([j.samples_remaining for j in self.jobs])
         self._comm = np.array([j.syncs_remaining * 2.0 * j.model_size_mb / 1000.0 for j in self.jobs])
+        self._startup_list = [j.startup_s for j in self.jobs]
         # plain-Python copies for the hot path (small vectors are slower in numpy)
         self._lo, self._hi = self.lo.tolist(), self.hi.tolist()
         self._weight_list, self._work_list, self._comm_list = self._weights.tolist(), self._work.tolist(), self._comm.tolist()
@@ -92,14 +93,14 @@ class Problem:
         return found
 
     def run_time(self, j: int, rate_sum: float, workers: int, single: bool) -> float:
-        """Eq. (7) for job ``j``; ``single`` picks the intra-node link."""
+        """Eq. (7) for job ``j`` after its start-up, as ``model.run_seconds``; ``single`` picks the intra-node link."""
         if workers <= 0 or rate_sum <= 0:
             return float("inf")
         comm = 0.0
         if workers > 1 and self._comm_list[j] > 0:
             link = self.intra_gbps if single else self.inter_gbps
             comm = self._comm_list[j] * (workers - 1) / (workers * link)
-        return self._work_list[j] / rate_sum + comm
+        return self._startup_list[j] + self._work_list[j] / rate_sum + comm
 
     def cost(self, j: int, x: np.ndarray | tuple[int, ...], single: bool) -> float:
         """Job ``j``'s term of the objective on count vector ``x``; inf when outside its limits."""

@@ -175,6 +175,8 @@ class ClusterView:
     #: Groups of running jobs that share one GPU since the last decision (see ``Decision``).
     shared: tuple[tuple[int, ...], ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Seconds the engine charges a job's first start (``SimConfig.start_s``), so planners can charge them too.
+    start_s: float = 0.0
 
     def free(self, keep: Iterable[Placement] = ()) -> Free:
         return Free(self.capacity, keep)

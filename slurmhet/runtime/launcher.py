@@ -287,11 +287,12 @@ def _exit_status(returncode: int) -> int:
 
 
 def _initial_record(rank_env: RankEnv, emulated: bool) -> ProgressRecord:
-    """A requeued run keeps its previous numbers until the child reports, so progress never goes backwards."""
+    """A requeued run keeps its previous numbers until the child reports, so progress never goes backwards;
+    not its ``started_at``: this run's start-up has not ended yet."""
     previous = read_record(rank_env.progress_file)
     if previous is not None:
         return replace(previous, state="starting", exit_code=None, updated_at=time.time(),
-                       gpu_type=rank_env.gpu_type, node=rank_env.node)
+                       gpu_type=rank_env.gpu_type, node=rank_env.node, started_at=None)
     return ProgressRecord(
         job_id=rank_env.job_id, slurm_job_id=rank_env.slurm_job_id, rank=rank_env.rank, gpu_type=rank_env.gpu_type,
         node=rank_env.node, steps_done=0, samples_done=0, samples_per_second=0.0, epoch=0,

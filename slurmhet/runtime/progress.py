@@ -29,7 +29,9 @@ class ProgressRecord:
     ``steps_done``/``samples_done``/``epoch`` are the job's (global batches);
     ``samples_per_second`` is what *this rank's GPU* delivered on its own share
     (measured; paced when ``emulated``), i.e. the per-type throughput sample the
-    replanner's table wants.
+    replanner's table wants. ``started_at`` is when this run's reporter began (wall
+    clock): the end of its start-up (interpreter, imports, rendezvous, data loading),
+    which the replanner measures from the Slurm job's start.
     """
 
     job_id: str
@@ -46,6 +48,7 @@ class ProgressRecord:
     state: str = "running"
     start_steps: int = 0
     exit_code: int | None = None
+    started_at: float | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -142,12 +145,13 @@ class ProgressReporter:
     """Keeps one rank's record current; writes at most every ``interval_s`` unless forced.
 
     The rate is measured over the wall time since the reporter was created, so
-    it reflects what the GPU (or its emulation) really delivered in this run.
+    it reflects what the GPU (or its emulation) really delivered in this run; that
+    moment is the record's ``started_at``, so start-up and work add up to the run.
     """
 
     def __init__(self, path: Path, base: ProgressRecord, interval_s: float = 2.0) -> None:
         self.path = Path(path)
-        self.record = base
+        self.record = replace(base, started_at=time.time())
         self.interval_s = interval_s
         self._run_start = time.monotonic()
         self._last_write = float("-inf")

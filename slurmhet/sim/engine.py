@@ -157,7 +157,8 @@ class Engine:
 
     def _decide(self) -> None:
         jobs = sorted(self.active.values(), key=lambda j: (j.arrival, j.job_id))
-        view = ClusterView(self.now, self.capacity, jobs, self.rates, self.node_order, self.inter_gbps, self.shared)
+        view = ClusterView(self.now, self.capacity, jobs, self.rates, self.node_order, self.inter_gbps, self.shared,
+                           start_s=self.config.start_s)
         started = time.perf_counter()
         answer = self.policy.decide(view)
         self.run_out.plan_seconds.append(time.perf_counter() - started)

@@ -80,6 +80,8 @@ class SlurmJob(Base):
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     argv: Mapped[list[str]] = mapped_column(JSON, default=list)
+    #: Seconds from this Slurm job's start to its job's first progress, once folded into StartupObservation.
+    startup_s: Mapped[float | None] = mapped_column(Float, nullable=True)
 
     job: Mapped[Job] = relationship(back_populates="slurm_jobs")
 
@@ -103,6 +105,17 @@ class ThroughputObservation(Base):
     workload: Mapped[str] = mapped_column(String(200), primary_key=True)
     gpu_type: Mapped[str] = mapped_column(String(32), primary_key=True)
     samples_per_s: Mapped[float] = mapped_column(Float)
+    samples: Mapped[int] = mapped_column(Integer, default=0)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+
+class StartupObservation(Base):
+    """The EWMA start-up cost of one workload (Slurm start to first progress), learned like its throughput."""
+
+    __tablename__ = "startup_observations"
+
+    workload: Mapped[str] = mapped_column(String(200), primary_key=True)
+    seconds: Mapped[float] = mapped_column(Float)
     samples: Mapped[int] = mapped_column(Integer, default=0)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
 
