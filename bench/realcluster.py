@@ -1,24 +1,33 @@
-"""``slurmhet bench realcluster``: the example workload on the real dev cluster, slurmhet vs a naive baseline.
+"""``slurmhet bench realcluster``: the example workload on the real dev cluster, slurmhet vs two plain baselines.
 
-Runs examples/jobs.yaml (steps scaled by ``--scale``) twice on the running dev
-cluster, with emulated GPU speed (``SLURMHET_EMULATE_THROUGHPUT=1``):
+Runs examples/jobs.yaml (steps scaled by ``--scale``) in three arms on the running
+dev cluster, with emulated GPU speed (``SLURMHET_EMULATE_THROUGHPUT=1``):
 
 * **slurmhet**: ``slurmhet submit``, then ``slurmhet replan --once`` every
   ``replan_every_s`` until every job is final (what etc/demo does), own state dir;
 * **naive**: what users do today: each job one plain typed batch job on its FIRST
   allowed GPU type with ``gpus.min`` GPUs, all submitted at once in file order, and
-  Slurm queues them (priority FIFO + backfill).
+  Slurm queues them (priority FIFO + backfill);
+* **slurm-chooses**: each job one plain batch job of ``--gpus=<gpus.min>`` with its
+  allowed types as a ``--constraint`` OR-list (``v100|t4``; the dev cluster's node
+  features are its GPU types), all submitted at once: Slurm picks the type.
 
-Both are measured from sacct (allocation rows, not steps): makespan = last end -
+With ``--background`` every arm runs a second time with other users' jobs arriving
+(``devcluster noise``, the same seed for every arm, started before the arm and
+stopped after it, its jobs cancelled), so the result compares each arm with and
+without background load.
+
+Every arm is measured from sacct (allocation rows, not steps): makespan = last end -
 first submit, avg JCT = mean of (end - submit). A slurmhet job's submit is its store
 time (``created_at``), since it may wait in the store before any sbatch. The
-simulator predicts both arms from the same jobs, with the same emulated rates
+simulator predicts the slurmhet and naive arms from the same jobs, with the same emulated rates
 (per-GPU samples/s from etc/throughput/devcluster.yaml), before they run: a probe
 first runs two short copies of the workload's jobs on the idle cluster, and what
 they take beyond their emulated time is every job's start-up cost in the prediction.
 
-Run: ``.venv/bin/python -m bench.realcluster --json [--scale 0.3]`` (about 3 min per
-arm at 0.3) or ``slurmhet bench realcluster --json``. Needs the dev cluster up.
+Run: ``.venv/bin/python -m bench.realcluster --json [--scale 0.3] [--background]`` (about
+3 min per arm at 0.3) or ``slurmhet bench realcluster --json [--background]``. Needs the
+dev cluster up, and root for ``--background``.
 """
 
 from __future__ import annotations
@@ -33,15 +42,17 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import yaml
 
 from slurmhet.cluster import Inventory, Node
-from slurmhet.emit.requests import BatchRequest, Common, Launch
+from slurmhet.emit.render import render
+from slurmhet.emit.requests import BatchRequest, Common, Launch, Materialized
 from slurmhet.report import StoredJob, as_utc, fold
 from slurmhet.runtime import emulation
 from slurmhet.planner.default_time import SlurmhetReplanned
@@ -66,6 +77,8 @@ STORE_FINAL = {"COMPLETED", "FAILED", "CANCELLED"}
 IDLE_WAIT_S = 300.0
 #: Seconds of emulated work in each probe job.
 PROBE_S = 20.0
+ARMS = ("slurmhet", "naive", "slurm-chooses")
+DEVCLUSTER = REPO / "etc" / "devcluster" / "devcluster"
 _STEPS_ARG = re.compile(r"^--steps=(\d+)$")
 
 
@@ -115,6 +128,27 @@ def naive_request(job_id: int, spec: JobSpec, log_dir: str, launcher: Sequence[s
     return BatchRequest(common, launch, first_type(spec, inventory_types), spec.gpus.min, nodes=1)
 
 
+def slurm_chooses_request(job_id: int, spec: JobSpec, log_dir: str, launcher: Sequence[str],
+                          env: Sequence[tuple[str, str]], inventory_types: Sequence[str],
+                          node_types: Mapping[str, str]) -> Materialized:
+    """One plain batch job of ``--gpus=<gpus.min>`` on one node whose feature is any allowed type; Slurm picks.
+
+    The type is not known before the job starts, so the ranks learn it from their
+    node (``SLURMHET_NODE_GPU_TYPES``), as the emulation's pacer needs it.
+    """
+    types = list(spec.gpus.types) or list(inventory_types)
+    n = spec.gpus.min
+    common = Common(job_id=job_id, name=spec.name, log_dir=log_dir, time_limit_min=spec.time_limit_min,
+                    extra=spec.sbatch, store_tag="bench-realcluster-slurm-chooses")
+    opts = [*common.options(), f"--gpus={n}", "--nodes=1", f"--ntasks-per-node={n}", "--constraint=" + "|".join(types)]
+    node_map = ",".join(f"{node}={gpu_type}" for node, gpu_type in sorted(node_types.items()))
+    script = render("batch.sh.j2", job_id=job_id, name=spec.name, gpu_type=" or ".join(types) + ", chosen by Slurm",
+                    tasks=n, env=(("SLURMHET_JOB_ID", str(job_id)), ("SLURMHET_NODE_GPU_TYPES", node_map),
+                                  *env, *spec.env),
+                    launcher=tuple(launcher), program=spec.command)
+    return Materialized(tuple(opts), script)
+
+
 # ---------------------------------------------------------------- measurement (pure)
 
 @dataclass(frozen=True)
@@ -125,6 +159,7 @@ class MeasuredJob:
     slurm_ids: tuple[str, ...]
     submitted_at: datetime | None = None  # None: the earliest sacct Submit of its allocations
     samples: float = 0.0  # total samples (for the overhead diagnostic); 0: unknown
+    predicted_jct_s: float | None = None  # slurmhet's plan at submission (StoredJob.predicted_jct_s)
 
 
 def _last_allocation(records: Sequence[AccountingRecord]) -> dict[str, int]:
@@ -165,7 +200,8 @@ def measure(jobs: Sequence[MeasuredJob], records: Sequence[AccountingRecord],
             ideal = job.samples / rate if rate > 0 else None
         last_start = max((as_utc(r.start) for r in mine if r.start), default=None)
         rows.append({"name": job.name, "state": folded.state, "slurm_ids": sorted(set(job.slurm_ids)), "gpus": gpus,
-                     "submit": submit, "start": start, "end": end, "last_start": last_start, "ideal_run_s": ideal})
+                     "submit": submit, "start": start, "end": end, "last_start": last_start, "ideal_run_s": ideal,
+                     "predicted_jct_s": job.predicted_jct_s})
     submits = [r["submit"] for r in rows if r["submit"]]
     origin = min(submits) if submits else None
     done = [r for r in rows if r["end"] and r["submit"] and r["state"] == "COMPLETED"]
@@ -183,7 +219,7 @@ def measure(jobs: Sequence[MeasuredJob], records: Sequence[AccountingRecord],
                          "jct_s": round(jct, 1) if jct is not None else None,
                          "emulated_run_s": round(r["ideal_run_s"], 1) if r["ideal_run_s"] is not None else None,
                          "overhead_s": round(overhead, 1) if overhead is not None else None,
-                         "slurm_ids": r["slurm_ids"]})
+                         "predicted_jct_s": r["predicted_jct_s"], "slurm_ids": r["slurm_ids"]})
     jcts = [j["jct_s"] for j in out_jobs if j["jct_s"] is not None and j["state"] == "COMPLETED"]
     overheads = [j["overhead_s"] for j in out_jobs if j["overhead_s"] is not None]
     return {
@@ -195,6 +231,38 @@ def measure(jobs: Sequence[MeasuredJob], records: Sequence[AccountingRecord],
         "mean_overhead_s": round(sum(overheads) / len(overheads), 1) if overheads else None,
         "jobs": out_jobs,
     }
+
+
+def plan_error(measured: Mapping[str, Any]) -> dict[str, Any]:
+    """slurmhet's own predictions (the plan's JCT per job at submission) against the measured JCTs.
+
+    ``error_avg_jct``: |mean predicted - mean measured| / mean measured, over the
+    completed jobs that have a prediction; ``mean_job_error``: the mean of each such
+    job's |predicted - measured| / measured (``slurmhet report``'s plan error).
+    """
+    pairs = [(j["predicted_jct_s"], j["jct_s"]) for j in measured["jobs"]
+             if j["state"] == "COMPLETED" and j.get("predicted_jct_s") is not None and j["jct_s"]]
+    if not pairs:
+        return {"jobs": 0, "avg_jct_predicted_s": None, "avg_jct_measured_s": None, "error_avg_jct": None,
+                "mean_job_error": None}
+    predicted = sum(p for p, _ in pairs) / len(pairs)
+    actual = sum(a for _, a in pairs) / len(pairs)
+    return {"jobs": len(pairs), "avg_jct_predicted_s": round(predicted, 1), "avg_jct_measured_s": round(actual, 1),
+            "error_avg_jct": round(abs(predicted - actual) / actual, 4),
+            "mean_job_error": round(sum(abs(p - a) / a for p, a in pairs) / len(pairs), 4)}
+
+
+def arm_ratios(arms: Mapping[str, Mapping[str, Any]], of: str = "slurmhet") -> dict[str, dict[str, float | None]]:
+    """``of``'s makespan and avg JCT over each other arm's (below 1: ``of`` is better); null over a missing metric."""
+    out: dict[str, dict[str, float | None]] = {}
+    for other, arm in arms.items():
+        if other == of:
+            continue
+        out[f"{of}/{other}"] = {}
+        for key, name in (("makespan_s", "makespan"), ("avg_jct_s", "avg_jct")):
+            a, b = arms[of].get(key), arm.get(key)
+            out[f"{of}/{other}"][name] = round(a / b, 4) if a is not None and b else None
+    return out
 
 
 # ---------------------------------------------------------------- simulator prediction (pure)
@@ -344,13 +412,13 @@ def _wait_accounting(client: SlurmCli, ids: Sequence[str], timeout_s: float) -> 
         time.sleep(3)
 
 
-def _store_jobs(env: Mapping[str, str]) -> list[tuple[str, datetime, tuple[str, ...], str]]:
+def _store_jobs(env: Mapping[str, str]) -> list[tuple[str, datetime, tuple[str, ...], str, float | None]]:
     from slurmhet.config import load_settings
     from slurmhet.store import Database, list_jobs
 
     db = Database(load_settings(dict(env)).database_url)
     with db.transaction() as session:
-        return [(j.name, j.created_at, tuple(p.slurm_job_id for p in j.slurm_jobs), j.state.value)
+        return [(j.name, j.created_at, tuple(p.slurm_job_id for p in j.slurm_jobs), j.state.value, j.predicted_jct_s)
                 for j in list_jobs(session)]
 
 
@@ -367,7 +435,7 @@ def run_slurmhet_arm(spec_file: Path, state_dir: Path, samples: Mapping[str, flo
     try:
         while True:
             jobs = _store_jobs(env)
-            left = [name for name, _, _, state in jobs if state not in STORE_FINAL]
+            left = [name for name, _, _, state, _ in jobs if state not in STORE_FINAL]
             if not left:
                 break
             if time.monotonic() - start > timeout_s:
@@ -382,15 +450,17 @@ def run_slurmhet_arm(spec_file: Path, state_dir: Path, samples: Mapping[str, flo
                 _log(f"slurmhet arm: replan rc {replanned.returncode}: {replanned.stderr.strip()[-300:]}")
     finally:
         if info["timed_out"]:
-            live = [i for _, _, ids, state in _store_jobs(env) if state not in STORE_FINAL for i in ids]
+            live = [i for _, _, ids, state, _ in _store_jobs(env) if state not in STORE_FINAL for i in ids]
             client.cancel(sorted(set(live)))
     info["wall_s"] = round(time.monotonic() - start, 1)
     jobs = _store_jobs(env)
-    return [MeasuredJob(name, ids, created, samples.get(name, 0.0)) for name, created, ids, _ in jobs], info
+    return [MeasuredJob(name, ids, created, samples.get(name, 0.0), predicted)
+            for name, created, ids, _, predicted in jobs], info
 
 
-def run_naive_arm(specs: Sequence[JobSpec], state_dir: Path, timeout_s: float,
-                  client: SlurmCli) -> tuple[list[MeasuredJob], dict[str, Any]]:
+def run_plain_arm(specs: Sequence[JobSpec], state_dir: Path, timeout_s: float, client: SlurmCli,
+                  arm: str = "naive") -> tuple[list[MeasuredJob], dict[str, Any]]:
+    """The naive or the slurm-chooses arm: one plain batch job per spec, all submitted at once, then wait."""
     env = arm_env(state_dir)
     log_dir = state_dir / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -401,6 +471,7 @@ def run_naive_arm(specs: Sequence[JobSpec], state_dir: Path, timeout_s: float,
                ("SLURMHET_EMULATE_THROUGHPUT", "1"), ("SLURMHET_THROUGHPUT_TABLE", str(TABLE))]
     if addrs:
         job_env.append(("SLURMHET_NODE_ADDRS", addrs))
+    node_types = {n.name: next(iter(n.gpus)) for n in nodes if len(n.gpus) == 1}
     launcher = (str(_venv_bin() / "python"), "-m", "slurmhet", "run", "--")
     submitter = SlurmCli(SubprocessRunner(timeout=60, base_env=env), timeout=60)
     info: dict[str, Any] = {"timed_out": False}
@@ -409,18 +480,19 @@ def run_naive_arm(specs: Sequence[JobSpec], state_dir: Path, timeout_s: float,
     out: list[MeasuredJob] = []
     try:
         for index, spec in enumerate(specs, start=1):
-            m = naive_request(index, spec, str(log_dir), launcher, job_env, types).materialize()
+            m = (naive_request(index, spec, str(log_dir), launcher, job_env, types).materialize() if arm == "naive"
+                 else slurm_chooses_request(index, spec, str(log_dir), launcher, job_env, types, node_types))
             slurm_id = submitter.submit(m.argv, m.script)
             ids.append(slurm_id)
             out.append(MeasuredJob(spec.name, (slurm_id,), None, float(spec.total_samples)))
-        _log(f"naive arm: {len(ids)} jobs submitted ({ids[0]}..{ids[-1]})")
+        _log(f"{arm} arm: {len(ids)} jobs submitted ({ids[0]}..{ids[-1]})")
         while True:
             live = [q for q in client.queue(ids) if q.state not in FINAL]
             if not live:
                 break
             if time.monotonic() - start > timeout_s:
                 info["timed_out"] = True
-                _log(f"naive arm: timeout with {len(live)} job(s) left")
+                _log(f"{arm} arm: timeout with {len(live)} job(s) left")
                 break
             time.sleep(3)
     finally:
@@ -464,7 +536,7 @@ def run_probe(source: Path, rates: Mapping[tuple[str, str], float], work: Path, 
     """
     specs = load_file(write_probe_workload(source, rates, work / "probe.yaml"))
     probe_rates = table_rates(specs, [t for _, t, _ in DEV_CLUSTER])
-    jobs, _ = run_naive_arm(specs, work / "probe", 300.0, client)
+    jobs, _ = run_plain_arm(specs, work / "probe", 300.0, client)
     records = _wait_accounting(client, sorted({i for j in jobs for i in j.slurm_ids}), 120)
     measured = measure(jobs, records, probe_rates)
     costs = start_costs(measured)
@@ -515,16 +587,81 @@ def _foreign(client: SlurmCli, arm: Mapping[str, Any], began: datetime, ours: se
     return foreign_usage(records, ours, origin, origin + timedelta(seconds=max(times)))
 
 
-def run(scale: float = 1.0, replan_every_s: float = 5.0) -> dict[str, Any]:
-    """Both arms on the live dev cluster, then the simulator's prediction for both."""
+@dataclass(frozen=True)
+class Background:
+    """Other users' jobs during an arm: ``devcluster noise`` with these settings (etc/devcluster/README.md)."""
+
+    rate_per_min: float = 2.0
+    seed: int = 1
+    max_queued: int = 8
+    #: Seconds between starting the noise and the arm's first submit, so foreign jobs already hold GPUs.
+    warmup_s: float = 30.0
+
+    def start_argv(self) -> list[str]:
+        return [str(DEVCLUSTER), "noise", "start", "--rate", f"{self.rate_per_min:g}", "--seed", str(self.seed),
+                "--max-queued", str(self.max_queued)]
+
+
+def _devcluster(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(argv), capture_output=True, text=True, timeout=330, check=False)
+
+
+@contextmanager
+def background_load(load: Background | None) -> Iterator[None]:
+    """Noise on (and warmed up) for the body, then off with its jobs cancelled, so the next arm starts quiet."""
+    if load is None:
+        yield
+        return
+    started = _devcluster(load.start_argv())
+    if started.returncode != 0:
+        raise SystemExit(f"devcluster noise start failed ({started.returncode}): {started.stderr.strip()}")
+    try:
+        time.sleep(load.warmup_s)
+        yield
+    finally:
+        _devcluster([str(DEVCLUSTER), "noise", "stop", "--cancel"])
+
+
+def run_arms(spec_file: Path, specs: Sequence[JobSpec], rates: Mapping[tuple[str, str], float], work: Path,
+             replan_every_s: float, timeout_s: float, client: SlurmCli, load: Background | None,
+             busy_before: dict[str, int]) -> tuple[dict[str, Any], set[str]]:
+    """The three arms one after the other, each on a cluster left idle by the previous one; measured from sacct."""
+    samples = {s.name: float(s.total_samples) for s in specs}
+    label = "background" if load else "quiet"
+    arms: dict[str, Any] = {}
+    ours: set[str] = set()
+    for arm in ARMS:
+        busy_before[f"{label}/{arm}"] = _wait_idle(client, IDLE_WAIT_S)
+        with background_load(load):
+            if arm == "slurmhet":
+                jobs, info = run_slurmhet_arm(spec_file, work / label / arm, samples, replan_every_s, timeout_s, client)
+            else:
+                jobs, info = run_plain_arm(specs, work / label / arm, timeout_s, client, arm)
+        ids = {i for j in jobs for i in j.slurm_ids}
+        ours |= ids
+        records = _wait_accounting(client, sorted(ids), 120)
+        arms[arm] = {**measure(jobs, records, rates), **info}
+        _log(f"{label} {arm} arm: makespan {arms[arm]['makespan_s']} s, avg JCT {arms[arm]['avg_jct_s']} s")
+    return arms, ours
+
+
+def run(scale: float = 1.0, replan_every_s: float = 5.0, background: Background | None = None) -> dict[str, Any]:
+    """The three arms on the live dev cluster (and again under ``background`` load), and the simulator's prediction.
+
+    ``summary[load]``: per arm makespan and avg JCT, slurmhet's ratios over the other
+    arms, slurmhet's plan-versus-actual error and the simulator's error, for the load
+    ``quiet`` and, with ``background``, ``background``; ``arms[load][arm]``: every job.
+    """
     client = SlurmCli(SubprocessRunner(timeout=60), timeout=60)
+    if background is not None and _devcluster([str(DEVCLUSTER), "noise", "status"]).returncode == 0:
+        raise SystemExit("a devcluster noise loop is already running (someone else's?): the background arms "
+                         "need their own; `etc/devcluster/devcluster noise status`")
     work = Path(tempfile.mkdtemp(prefix="slurmhet-bench-realcluster-"))
     os.chmod(work, 0o755)
     spec_file = write_scaled_workload(WORKLOAD, scale, work / "jobs.yaml")
     specs = load_file(spec_file)
     types = [t for _, t, _ in DEV_CLUSTER]
     rates = table_rates(specs, types)
-    samples = {s.name: float(s.total_samples) for s in specs}
     notes: list[str] = []
     timeout_s = 600.0 + 1500.0 * scale
     began = datetime.now(timezone.utc)
@@ -538,30 +675,32 @@ def run(scale: float = 1.0, replan_every_s: float = 5.0) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 - the cluster runs are still worth reporting
         predicted = {}
         notes.append(f"simulator failed: {type(exc).__name__}: {exc}")
-    busy_before["slurmhet"] = _wait_idle(client, IDLE_WAIT_S)
-    a_jobs, a_info = run_slurmhet_arm(spec_file, work / "slurmhet", samples, replan_every_s, timeout_s, client)
-    a_records = _wait_accounting(client, sorted({i for j in a_jobs for i in j.slurm_ids}), 120)
-    arm_a = {**measure(a_jobs, a_records, rates), **a_info}
-    _log(f"slurmhet arm: makespan {arm_a['makespan_s']} s, avg JCT {arm_a['avg_jct_s']} s")
-    busy_before["naive"] = _wait_idle(client, IDLE_WAIT_S)
-    b_jobs, b_info = run_naive_arm(specs, work / "naive", timeout_s, client)
-    b_records = _wait_accounting(client, sorted({i for j in b_jobs for i in j.slurm_ids}), 120)
-    arm_b = {**measure(b_jobs, b_records, rates), **b_info}
-    _log(f"naive arm: makespan {arm_b['makespan_s']} s, avg JCT {arm_b['avg_jct_s']} s")
-    ours = {i for j in (*a_jobs, *b_jobs) for i in j.slurm_ids}
-    arms = {"slurmhet": arm_a, "naive": arm_b}
+    loads: dict[str, dict[str, Any]] = {}
+    ours: set[str] = set()
+    for label, load in (("quiet", None), ("background", background)):
+        if label == "background" and load is None:
+            continue
+        loads[label], mine = run_arms(spec_file, specs, rates, work, replan_every_s, timeout_s, client, load,
+                                      busy_before)
+        ours |= mine
     foreign_notes = []
-    for name, arm in arms.items():
-        arm["foreign"] = _foreign(client, arm, began, ours)
-        arm.pop("origin", None)
-        if arm["foreign"] and arm["foreign"]["jobs"]:
-            foreign_notes.append(f"{name} arm: {arm['foreign']['jobs']} other Slurm job(s) ran on the shared cluster inside "
-                         f"its window, holding {arm['foreign']['gpu_s']:.0f} GPU-seconds; they competed for GPUs "
-                         "and CPU")
-
-    def ratio(key: str) -> float | None:
-        a, b = arm_a.get(key), arm_b.get(key)
-        return round(a / b, 4) if a is not None and b else None
+    summary: dict[str, Any] = {}
+    for label, arms in loads.items():
+        for name, arm in arms.items():
+            arm["foreign"] = _foreign(client, arm, began, ours)
+            arm.pop("origin", None)
+            if arm["foreign"] and arm["foreign"]["jobs"] and label == "quiet":
+                foreign_notes.append(f"quiet {name} arm: {arm['foreign']['jobs']} other Slurm job(s) ran on the shared "
+                                     f"cluster inside its window, holding {arm['foreign']['gpu_s']:.0f} GPU-seconds; "
+                                     "they competed for GPUs and CPU")
+            if arm.get("timed_out"):
+                notes.append(f"the {label} {name} arm hit its timeout; its unfinished jobs were cancelled and are "
+                             "left out of avg JCT")
+        measured = {k: {"makespan_s": v["makespan_s"], "avg_jct_s": v["avg_jct_s"]} for k, v in arms.items()}
+        summary[label] = {
+            "arms": measured, "ratios": arm_ratios(measured), "plan_error": plan_error(arms["slurmhet"]),
+            "simulator_error": {arm: {k: v for k, v in pred.items() if k.startswith("error_")}
+                                for arm, pred in add_errors(copy.deepcopy(predicted), measured).items()}}
 
     notes += [
         "GPU speed is EMULATED (SLURMHET_EMULATE_THROUGHPUT=1): every rank sleeps to deliver its GPU type's "
@@ -569,9 +708,15 @@ def run(scale: float = 1.0, replan_every_s: float = 5.0) -> dict[str, Any]:
         "The host has 2 CPU cores shared with other engineers' work: process start-up (python + torch import), "
         "gloo rendezvous, the slurmhet CLI itself and CPU contention make measured times longer than the "
         "emulated rates predict (see each arm's mean_overhead_s: run time beyond the emulated time).",
+        "slurm-chooses arm: each job one batch job of --gpus=<gpus.min> on one node with "
+        "--constraint=<allowed types joined by |>, all submitted at once; Slurm picks the type (its ranks learn "
+        "it from SLURMHET_NODE_GPU_TYPES). Not simulated.",
+        "plan_error: slurmhet's predicted JCT per job, stored by `slurmhet submit` (not updated by replans), "
+        "against the measured JCT from the job's store time.",
         "Simulator (predicted before the arms run): same jobs at t=0, gpus = gpus.min, steps = samples "
         "(steps x global batch), per-GPU rates from the table, n GPUs = n x per-GPU rate, communication ~ 0; "
-        "every job's first start costs the probe's start-up (naive) or start-up + one replan (slurmhet).",
+        "every job's first start costs the probe's start-up (naive) or start-up + one replan (slurmhet). It "
+        "knows nothing of background load: its error under 'background' is what other users' jobs cost.",
         "Simulated slurmhet arm: the shipped planner at every replan tick with running jobs pinned, each job "
         "restricted to its gpus.types. Not modelled: MPS packs (the live planner co-locates the coloc-* jobs, "
         "each member at its share of the GPU; the simulator gives each its own GPU), gpus.max (the live "
@@ -582,36 +727,47 @@ def run(scale: float = 1.0, replan_every_s: float = 5.0) -> dict[str, Any]:
         "holds one type and each node one type (whole_cluster_yarn_cs: yarn-cs blocking across types, for "
         "reference).",
     ] + foreign_notes
+    if background is not None:
+        notes.append(f"background: `devcluster noise` at {background.rate_per_min:g} job(s)/min, seed "
+                     f"{background.seed} for every arm, at most {background.max_queued} pending, started "
+                     f"{background.warmup_s:g} s before each arm's first submit and stopped (its jobs cancelled) "
+                     "after the arm; each arm's 'foreign' counts those jobs and any others inside its window.")
     for arm, busy in busy_before.items():
         if busy:
             notes.append(f"{busy} other job(s) still held or waited for GPUs when the {arm} arm started "
                          f"(waited {IDLE_WAIT_S:g} s for an idle cluster)")
-    if a_info.get("timed_out") or b_info.get("timed_out"):
-        notes.append("an arm hit its timeout; its unfinished jobs were cancelled and are left out of avg JCT")
-    measured = {k: {"makespan_s": v["makespan_s"], "avg_jct_s": v["avg_jct_s"]} for k, v in arms.items()}
-    result = {
+    return {
         "workload": str(WORKLOAD.relative_to(REPO)),
         "probe": probe,
         "scale": scale,
         "replan_every_s": replan_every_s,
-        "arms": arms,
-        "ratios": {"makespan": ratio("makespan_s"), "avg_jct": ratio("avg_jct_s")},
-        "simulator": add_errors(predicted, measured),
+        "background": None if background is None else {
+            "rate_per_min": background.rate_per_min, "seed": background.seed, "max_queued": background.max_queued,
+            "warmup_s": background.warmup_s},
+        "summary": summary,
+        "arms": loads,
+        "simulator": predicted,
         "notes": notes,
         "work_dir": str(work),
     }
-    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--scale", type=float, default=1.0, help="multiply every job's steps (0.3: ~3 min per arm)")
     parser.add_argument("--replan-every", type=float, default=5.0, help="seconds between `slurmhet replan --once`")
+    parser.add_argument("--background", action="store_true",
+                        help="run every arm again with `devcluster noise` on (needs root)")
+    parser.add_argument("--noise-rate", type=float, default=2.0, help="background jobs per minute")
+    parser.add_argument("--noise-seed", type=int, default=1, help="background seed, the same for every arm")
     parser.add_argument("--json", action="store_true", help="one JSON object (the default output is JSON too)")
     args = parser.parse_args()
     if not args.scale > 0:
         parser.error("--scale must be positive")
-    print(json.dumps(run(args.scale, args.replan_every), indent=1, default=str))
+    if not args.noise_rate > 0:
+        parser.error("--noise-rate must be positive")
+    load = Background(args.noise_rate, args.noise_seed) if args.background else None
+    print(json.dumps(run(args.scale, args.replan_every, load), indent=1, default=str))
 
 
 if __name__ == "__main__":

@@ -582,8 +582,15 @@ def plan(obj: Context, files: tuple[str, ...], policy: str | None, as_json: bool
               help="multiply every job's steps (0.3: about 3 minutes per arm)")
 @click.option("--replan-every", "replan_every_s", type=click.FloatRange(min=1), default=5.0, show_default=True,
               help="seconds between `slurmhet replan --once` in the slurmhet arm")
-def bench_realcluster(as_json: bool, scale: float, replan_every_s: float) -> None:
-    """examples/jobs.yaml on the live dev cluster: slurmhet vs naive first-type FIFO, measured and simulated."""
+@click.option("--background", is_flag=True, help="run every arm again with other users' jobs arriving "
+              "(devcluster noise; needs root)")
+@click.option("--noise-rate", type=click.FloatRange(min=0, min_open=True), default=2.0, show_default=True,
+              help="background jobs per minute")
+@click.option("--noise-seed", type=int, default=1, show_default=True, help="background seed, the same for every arm")
+def bench_realcluster(as_json: bool, scale: float, replan_every_s: float, background: bool, noise_rate: float,
+                      noise_seed: int) -> None:
+    """examples/jobs.yaml on the live dev cluster: slurmhet vs naive first-type FIFO vs Slurm choosing the type."""
     from bench import realcluster
 
-    _emit_json(realcluster.run(scale, replan_every_s))
+    load = realcluster.Background(noise_rate, noise_seed) if background else None
+    _emit_json(realcluster.run(scale, replan_every_s, load))

@@ -183,3 +183,98 @@ jobs:
     # slurmhet: b first (shorter), 3 + 8 = 11; a waits for the tick at 15: 15 + 3 + 16 = 34.
     assert (out["slurmhet"]["makespan_s"], out["slurmhet"]["avg_jct_s"]) == (34.0, 22.5)
     assert out["slurmhet"]["restarts"] == 0
+
+
+def test_slurm_chooses_request_asks_for_gpus_min_of_any_allowed_type_and_lets_slurm_pick() -> None:
+    spec = load_text("""
+jobs:
+  - name: cross
+    workload: {model: mlp-small, batch_size: 128}
+    global_batch: 256
+    command: [python, examples/train.py, --steps, "7"]
+    work: {steps: 7}
+    gpus: {min: 2, max: 3, types: [v100, t4]}
+    time_limit: 10
+  - name: anywhere
+    workload: {model: mlp-small, batch_size: 128}
+    command: [python, examples/train.py]
+    work: {steps: 7}
+""", "test")
+    node_types = {"nodeb": "t4", "nodea": "v100", "nodec": "k80"}
+    m = rc.slurm_chooses_request(3, spec[0], "/logs", ("python", "-m", "slurmhet", "run", "--"),
+                                 [("SLURMHET_EMULATE_THROUGHPUT", "1")], ["v100", "t4", "k80"], node_types)
+    assert "--gpus=2" in m.argv and "--constraint=v100|t4" in m.argv and "--nodes=1" in m.argv
+    assert "--ntasks-per-node=2" in m.argv and "--time=10" in m.argv
+    assert not any(a.startswith("--gres") for a in m.argv)  # no type: Slurm chooses
+    assert "SLURMHET_RANK_GPU_TYPES" not in m.script  # the ranks read their node's type instead
+    assert "export SLURMHET_NODE_GPU_TYPES=nodea=v100,nodeb=t4,nodec=k80" in m.script
+    assert "export SLURMHET_EMULATE_THROUGHPUT=1" in m.script
+    assert "slurmhet run -- python examples/train.py --steps 7" in m.script
+    anywhere = rc.slurm_chooses_request(4, spec[1], "/logs", ("x",), [], ["v100", "t4", "k80"], node_types)
+    assert "--constraint=v100|t4|k80" in anywhere.argv and "--gpus=1" in anywhere.argv
+
+
+def test_plan_error_compares_slurmhets_predicted_jcts_with_the_measured_ones() -> None:
+    jobs = [rc.MeasuredJob("a", ("1",), T0, predicted_jct_s=50.0), rc.MeasuredJob("b", ("2",), T0, predicted_jct_s=90.0),
+            rc.MeasuredJob("c", ("3",), T0), rc.MeasuredJob("d", ("4",), T0, predicted_jct_s=10.0)]
+    records = [record("1", end=40), record("2", end=100), record("3", end=60), record("4", state="FAILED", end=5)]
+    measured = rc.measure(jobs, records)
+    assert [j["predicted_jct_s"] for j in measured["jobs"]] == [50.0, 90.0, None, 10.0]
+    out = rc.plan_error(measured)
+    # a and b only (c has no prediction, d did not complete): predicted 70 s, measured 70 s on average;
+    # per job 10/40 and 10/100.
+    assert out == {"jobs": 2, "avg_jct_predicted_s": 70.0, "avg_jct_measured_s": 70.0, "error_avg_jct": 0.0,
+                   "mean_job_error": round((0.25 + 0.1) / 2, 4)}
+    assert rc.plan_error(rc.measure(jobs[2:3], records))["error_avg_jct"] is None
+
+
+def test_arm_ratios_are_slurmhet_over_each_baseline() -> None:
+    arms = {"slurmhet": {"makespan_s": 300.0, "avg_jct_s": 150.0}, "naive": {"makespan_s": 400.0, "avg_jct_s": 200.0},
+            "slurm-chooses": {"makespan_s": 375.0, "avg_jct_s": None}}
+    assert rc.arm_ratios(arms) == {"slurmhet/naive": {"makespan": 0.75, "avg_jct": 0.75},
+                                   "slurmhet/slurm-chooses": {"makespan": 0.8, "avg_jct": None}}
+
+
+def test_background_starts_the_devcluster_noise_with_the_same_seed_for_every_arm() -> None:
+    load = rc.Background(rate_per_min=3.0, seed=7)
+    assert load.start_argv() == [str(rc.DEVCLUSTER), "noise", "start", "--rate", "3", "--seed", "7",
+                                 "--max-queued", "8"]
+    assert rc.DEVCLUSTER.is_file() and rc.ARMS == ("slurmhet", "naive", "slurm-chooses")
+
+
+def test_run_reports_every_arm_with_and_without_background_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The glue of run(): one result per load and arm, ratios, plan error and simulator error per load."""
+    calls: list[list[str]] = []
+
+    def devcluster(argv: list[str]) -> object:
+        calls.append(argv[1:])
+        return type("Done", (), {"returncode": 3 if argv[2] == "status" else 0, "stderr": ""})()
+
+    def arms(spec_file: Path, specs: object, rates: object, work: Path, replan_every_s: float, timeout_s: float,
+             client: object, load: rc.Background | None, busy: dict[str, int]) -> tuple[dict[str, object], set[str]]:
+        slow = 2.0 if load else 1.0
+        jobs = [{"name": "a", "state": "COMPLETED", "jct_s": 100.0 * slow, "predicted_jct_s": 90.0}]
+        out = {arm: {"makespan_s": m * slow, "avg_jct_s": m * slow / 2, "jobs": jobs, "origin": T0}
+               for arm, m in (("slurmhet", 300.0), ("naive", 400.0), ("slurm-chooses", 375.0))}
+        return out, {"1"}
+
+    monkeypatch.setattr(rc, "_devcluster", devcluster)
+    monkeypatch.setattr(rc, "SlurmCli", lambda *a, **k: None)
+    monkeypatch.setattr(rc, "_wait_idle", lambda client, timeout_s: 0)
+    monkeypatch.setattr(rc, "run_probe", lambda *a: {"start_s": 4.0, "replan_s": 1.0})
+    monkeypatch.setattr(rc, "predict", lambda *a, **k: {"slurmhet": {"makespan_s": 330.0, "avg_jct_s": 150.0},
+                                                        "naive": {"makespan_s": 400.0, "avg_jct_s": 200.0}})
+    monkeypatch.setattr(rc, "run_arms", arms)
+    monkeypatch.setattr(rc, "_foreign", lambda *a: {"jobs": 0, "gpu_s": 0.0})
+    out = rc.run(0.1, 5.0, rc.Background(seed=4))
+    assert calls == [["noise", "status"]]  # run_arms starts and stops the noise itself
+    assert set(out["summary"]) == {"quiet", "background"} and out["background"]["seed"] == 4
+    quiet, loaded = out["summary"]["quiet"], out["summary"]["background"]
+    assert quiet["arms"]["slurm-chooses"] == {"makespan_s": 375.0, "avg_jct_s": 187.5}
+    assert quiet["ratios"]["slurmhet/naive"] == {"makespan": 0.75, "avg_jct": 0.75}
+    assert loaded["ratios"]["slurmhet/slurm-chooses"] == {"makespan": 0.8, "avg_jct": 0.8}
+    assert quiet["plan_error"]["error_avg_jct"] == 0.1 and loaded["plan_error"]["error_avg_jct"] == 0.55
+    assert quiet["simulator_error"]["slurmhet"]["error_makespan"] == 0.1
+    assert loaded["simulator_error"]["slurmhet"]["error_makespan"] == 0.45
+    assert out["simulator"]["slurmhet"] == {"makespan_s": 330.0, "avg_jct_s": 150.0}  # not changed by the errors
+    assert "origin" not in out["arms"]["quiet"]["slurmhet"]
