@@ -9,7 +9,8 @@ from datetime import datetime, timezone
 from typing import Any, Iterable
 
 from slurmhet.cluster import Node
-from slurmhet.errors import SystemFailure
+from slurmhet.errors import InputError, SystemFailure
+from slurmhet.runtime.hostlist import expand_hostlist
 
 
 class SlurmOutputError(SystemFailure):
@@ -272,6 +273,15 @@ class QueueRecord:
     start: datetime | None = None
     end: datetime | None = None  # for a live job, the projected end (time limit)
     alloc_tres: str = ""
+    partition: str = ""
+    account: str = ""
+    qos: str = ""
+    priority: int = 0
+    time_limit_s: float | None = None  # None: unlimited
+    #: (node, gpu type, count) held by a running job; untyped GPUs read as type "gpu".
+    gpus: tuple[tuple[str, str, int], ...] = ()
+    #: (gpu type or None for any, total count) the job asks for.
+    gpu_request: tuple[tuple[str | None, int], ...] = ()
 
     @property
     def root_id(self) -> str:
@@ -289,6 +299,92 @@ def _num(value: Any) -> int | None:
 def _epoch(value: Any) -> datetime | None:
     number = _num(value)
     return datetime.fromtimestamp(number, timezone.utc) if number else None
+
+
+_INFINITE32 = 0xFFFFFFFF
+_NO_VAL32 = 0xFFFFFFFE
+#: States in which a job holds its allocation (its gres_detail is what it holds).
+_HOLDING = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "STOPPED", "SIGNALING", "RESIZING"})
+
+
+def _time_limit_s(value: Any) -> float | None:
+    """squeue's time_limit is minutes; 0, NO_VAL and INFINITE mean no limit."""
+    minutes = _num(value)
+    return None if not minutes or minutes in (_INFINITE32, _NO_VAL32) else minutes * 60.0
+
+
+def _gres_gpus(text: str, job_id: str) -> list[tuple[str | None, int]]:
+    """GPU entries of a tres_per_* string: ``gres:gpu:v100:4`` (22.05) or ``gres/gpu:v100=4`` (later)."""
+    out: list[tuple[str | None, int]] = []
+    for item in split_top_level(text or ""):
+        if not item.startswith(("gres:", "gres/")):
+            continue
+        fields = item[5:].replace("=", ":").split(":")
+        if fields[0] != "gpu":
+            continue
+        if len(fields) > 3 or (len(fields) == 3 and not fields[2].isdigit()):
+            raise SlurmOutputError(f"squeue --json: cannot read GPU request {item!r} of job {job_id}")
+        if len(fields) == 1:
+            out.append((None, 1))
+        elif len(fields) == 2:
+            out.append((None, int(fields[1])) if fields[1].isdigit() else (fields[1].lower(), 1))
+        else:
+            out.append((fields[1].lower(), int(fields[2])))
+    return out
+
+
+def _tres_gpus(text: str, job_id: str) -> list[tuple[str | None, int]]:
+    """``gres/gpu:v100=4`` entries of a TRES string; an untyped remainder of ``gres/gpu=N`` as (None, n)."""
+    try:
+        tres = parse_tres(text or "")
+    except SlurmOutputError as exc:
+        raise SlurmOutputError(f"squeue --json: {exc} of job {job_id}") from None
+    typed: list[tuple[str | None, int]] = [(k.split(":", 1)[1].lower(), int(v)) for k, v in tres.items()
+                                            if k.startswith("gres/gpu:") and v > 0]
+    rest = int(tres.get("gres/gpu", 0)) - sum(c for _, c in typed)
+    return typed + ([(None, rest)] if rest > 0 else [])
+
+
+def _held_gpus(job: dict[str, Any], state: str, job_id: str) -> tuple[tuple[str, str, int], ...]:
+    """(node, type, count) a job holding its allocation has: gres_detail lists one entry per node of the
+    expanded ``nodes``; a one-node job without it falls back to tres_alloc_str."""
+    if state not in _HOLDING:
+        return ()
+    nodes_text = str(job.get("nodes", "") or "")
+    try:
+        hosts = expand_hostlist(nodes_text) if nodes_text else []
+    except InputError as exc:
+        raise SlurmOutputError(f"squeue --json: cannot read the nodes {nodes_text!r} of job {job_id}: {exc}") from None
+    details = [str(d or "") for d in job.get("gres_detail") or []]
+    out: list[tuple[str, str, int]] = []
+    if details:
+        if len(details) != len(hosts):
+            raise SlurmOutputError(f"squeue --json: job {job_id} has {len(details)} gres_detail entries "
+                                   f"for {len(hosts)} nodes ({nodes_text})")
+        for host, detail in zip(hosts, details):
+            try:
+                entries = parse_gres(detail)
+            except (SlurmOutputError, ValueError):
+                raise SlurmOutputError(f"squeue --json: cannot read gres_detail {detail!r} of job {job_id}") from None
+            for entry in entries:
+                if entry.name == "gpu" and entry.count > 0:
+                    out.append((host, (entry.type or "gpu").lower(), entry.count))
+    elif len(hosts) == 1:
+        out = [(hosts[0], gpu_type or "gpu", count)
+               for gpu_type, count in _tres_gpus(str(job.get("tres_alloc_str", "") or ""), job_id)]
+    return tuple(out)
+
+
+def _gpu_request(job: dict[str, Any], job_id: str) -> tuple[tuple[str | None, int], ...]:
+    """What a job asks for in total: tres_per_node times its node count, else tres_per_job, else tres_req_str."""
+    per_node = _gres_gpus(str(job.get("tres_per_node", "") or ""), job_id)
+    if per_node:
+        count = _num(job.get("node_count")) or 1
+        return tuple((gpu_type, n * count) for gpu_type, n in per_node)
+    per_job = _gres_gpus(str(job.get("tres_per_job", "") or ""), job_id)
+    if per_job:
+        return tuple(per_job)
+    return tuple(_tres_gpus(str(job.get("tres_req_str", "") or ""), job_id))
 
 
 def parse_squeue_json(stdout: str) -> list[QueueRecord]:
@@ -309,9 +405,10 @@ def parse_squeue_json(stdout: str) -> list[QueueRecord]:
         het_id = _num(job.get("het_job_id"))
         array_id = _num(job.get("array_job_id"))
         array_task = _num(job.get("array_task_id"))
+        job_id = str(_num(job.get("job_id")))
         out.append(
             QueueRecord(
-                job_id=str(_num(job.get("job_id"))),
+                job_id=job_id,
                 het_job_id=str(het_id) if het_id else None,
                 het_offset=_num(job.get("het_job_offset")) if het_id else None,
                 array_job_id=str(array_id) if array_id else None,
@@ -326,6 +423,13 @@ def parse_squeue_json(stdout: str) -> list[QueueRecord]:
                 start=_epoch(job.get("start_time")),
                 end=_epoch(job.get("end_time")),
                 alloc_tres=str(job.get("tres_alloc_str", "") or ""),
+                partition=str(job.get("partition", "") or ""),
+                account=str(job.get("account", "") or ""),
+                qos=str(job.get("qos", "") or ""),
+                priority=_num(job.get("priority")) or 0,
+                time_limit_s=_time_limit_s(job.get("time_limit")),
+                gpus=_held_gpus(job, str(state or ""), job_id),
+                gpu_request=_gpu_request(job, job_id),
             )
         )
     return out

@@ -104,3 +104,64 @@ def test_config_version_and_times() -> None:
     assert parsers.parse_tres("cpu=1,mem=2G,gres/gpu:t4=2") == {"cpu": 1.0, "mem": 2048.0, "gres/gpu:t4": 2.0}
     with pytest.raises(SlurmOutputError):
         parsers.parse_slurm_time("yesterday")
+
+
+# --------------------------------------------------------------------------- squeue: the open world
+
+OW_IDS = json.loads((FIX / "job_ids_openworld.json").read_text())
+
+
+def foreign_queue() -> dict[str, parsers.QueueRecord]:
+    return {r.job_id: r for r in parsers.parse_squeue_json((FIX / "squeue_json_foreign.json").read_text())}
+
+
+def test_squeue_reads_what_a_foreign_job_holds() -> None:
+    foreign = foreign_queue()[str(OW_IDS["foreign"])]
+    assert foreign.user == "slurmhet-test" and foreign.state == "RUNNING"
+    assert foreign.partition == "v100" and foreign.account == "slurmhet" and foreign.qos == "normal"
+    assert foreign.gpus == (("nodea", "v100", 4),) and foreign.gpu_request == (("v100", 4),)
+    assert foreign.time_limit_s == 600 and foreign.priority > 0 and foreign.start is not None
+
+
+def test_squeue_splits_a_two_node_job_per_node() -> None:
+    two = foreign_queue()[str(OW_IDS["two_node"])]
+    assert two.nodes == "nodeb,nodec"
+    assert two.gpus == (("nodeb", "t4", 1), ("nodec", "k80", 1))
+    assert two.gpu_request == ((None, 2),)  # --gres=gpu:1 on each of 2 nodes
+
+
+def test_squeue_reads_pending_requests_typed_and_untyped() -> None:
+    queue = foreign_queue()
+    behind, waiting = queue[str(OW_IDS["behind"])], queue[str(OW_IDS["waiting"])]
+    assert behind.state == "PENDING" and behind.gpus == () and behind.gpu_request == (("v100", 4),)
+    assert behind.start is not None  # Slurm's expected start
+    assert waiting.reason == "Dependency" and waiting.gpu_request == ((None, 2),)  # --gpus=2: tres_per_job
+    assert waiting.time_limit_s == 300
+
+
+def test_squeue_gpu_fallbacks_and_later_formats() -> None:
+    job = {"job_id": {"set": True, "infinite": False, "number": 5}, "job_state": ["RUNNING"], "nodes": "nodeb",
+           "gres_detail": [], "tres_alloc_str": "cpu=1,gres/gpu=3,gres/gpu:t4=2",
+           "time_limit": {"set": True, "infinite": True, "number": 0},
+           "priority": {"set": True, "infinite": False, "number": 7}, "tres_per_node": "",
+           "tres_per_job": "", "tres_req_str": "gres/gpu=3,gres/gpu:t4=2"}
+    (record,) = parsers.parse_squeue_json(json.dumps({"jobs": [job]}))
+    assert record.gpus == (("nodeb", "t4", 2), ("nodeb", "gpu", 1)) and record.priority == 7
+    assert record.time_limit_s is None and record.gpu_request == (("t4", 2), (None, 1))
+    job.update(tres_per_node="gres/gpu:v100=2", node_count=3, time_limit=0)
+    (record,) = parsers.parse_squeue_json(json.dumps({"jobs": [job]}))
+    assert record.gpu_request == (("v100", 6),) and record.time_limit_s is None
+
+
+@pytest.mark.parametrize("change", [
+    {"gres_detail": ["gpu:t4:1(IDX:0)"]},  # one entry for two nodes
+    {"gres_detail": ["gpu:t4:x", "gpu:k80:1"]},
+    {"nodes": "node[b"},
+    {"tres_per_node": "gres:gpu:t4:many", "job_state": "PENDING"},
+    {"tres_req_str": "gres/gpu=two", "tres_per_node": "", "job_state": "PENDING"},
+])
+def test_bad_squeue_json_names_the_command(change: dict[str, object]) -> None:
+    job = {"job_id": 5, "job_state": "RUNNING", "nodes": "nodeb,nodec", "gres_detail": ["gpu:t4:1", "gpu:k80:1"],
+           "tres_per_node": "gres:gpu:1", "node_count": 2, **change}
+    with pytest.raises(SlurmOutputError, match="squeue --json"):
+        parsers.parse_squeue_json(json.dumps({"jobs": [job]}))
