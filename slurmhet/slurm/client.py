@@ -11,7 +11,8 @@ from datetime import datetime
 from typing import Protocol, Sequence
 
 from slurmhet.cluster import Node
-from slurmhet.slurm import parsers
+from slurmhet.slurm import limits, parsers
+from slurmhet.slurm.limits import AssocRecord, PartitionRecord, PendingStart, QosRecord, ReservationRecord
 from slurmhet.slurm.parsers import AccountingRecord, QueueRecord
 from slurmhet.slurm.runner import SlurmRunner
 
@@ -30,6 +31,12 @@ class SlurmClient(Protocol):
                    user: str | None = None) -> list[AccountingRecord]: ...
     def cancel(self, job_ids: Sequence[str]) -> None: ...
     def sbatch_help(self) -> str: ...
+    def partitions(self) -> list[PartitionRecord]: ...
+    def reservations(self) -> list[ReservationRecord]: ...
+    def associations(self, user: str) -> list[AssocRecord]: ...
+    def default_account(self, user: str) -> str: ...
+    def qos(self) -> list[QosRecord]: ...
+    def pending_starts(self) -> list[PendingStart]: ...
 
 
 class SlurmCli:
@@ -95,3 +102,29 @@ class SlurmCli:
 
     def sbatch_help(self) -> str:
         return self._run(["sbatch", "--help"])
+
+    # ------------------------------------------------------------------ the shared cluster's limits
+    # sacctmgr fails when accounting is off; associations/qos/default_account let that
+    # SlurmCommandError through so the caller decides what "no accounting" means.
+
+    def partitions(self) -> list[PartitionRecord]:
+        return limits.parse_partitions(self._run(["scontrol", "show", "partition", "--oneliner"]))
+
+    def reservations(self) -> list[ReservationRecord]:
+        return limits.parse_reservations(self._run(["scontrol", "show", "reservation", "--oneliner"]))
+
+    def associations(self, user: str) -> list[AssocRecord]:
+        return limits.parse_assocs(self._run(["sacctmgr", "-n", "-P", "show", "assoc", f"user={user}",
+                                              "format=" + ",".join(limits.ASSOC_FIELDS)]))
+
+    def default_account(self, user: str) -> str:
+        return limits.parse_default_account(self._run(["sacctmgr", "-n", "-P", "show", "user", user,
+                                                       "format=" + ",".join(limits.USER_FIELDS)]))
+
+    def qos(self) -> list[QosRecord]:
+        return limits.parse_qos(self._run(["sacctmgr", "-n", "-P", "show", "qos",
+                                           "format=" + ",".join(limits.QOS_FIELDS)]))
+
+    def pending_starts(self) -> list[PendingStart]:
+        return limits.parse_pending_starts(self._run(["squeue", "--all", "--start", "--noheader",
+                                                      "--format=" + limits.START_FORMAT]))

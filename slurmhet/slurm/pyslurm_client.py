@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 from slurmhet.cluster import Node
 from slurmhet.slurm.client import SlurmCli
+from slurmhet.slurm.limits import AssocRecord, PartitionRecord, PendingStart, QosRecord, ReservationRecord
 from slurmhet.slurm.parsers import AccountingRecord, QueueRecord, SlurmJobId, parse_gres, parse_tres
 
 
@@ -47,6 +48,27 @@ class PyslurmClient:
 
     def sbatch_help(self) -> str:
         return self.cli.sbatch_help()
+
+    # Partitions, reservations, associations, QOS and expected starts are read through the
+    # runner too: one parsed format for both adapters, and pyslurm's APIs for them differ by major.
+
+    def partitions(self) -> list[PartitionRecord]:
+        return self.cli.partitions()
+
+    def reservations(self) -> list[ReservationRecord]:
+        return self.cli.reservations()
+
+    def associations(self, user: str) -> list[AssocRecord]:
+        return self.cli.associations(user)
+
+    def default_account(self, user: str) -> str:
+        return self.cli.default_account(user)
+
+    def qos(self) -> list[QosRecord]:
+        return self.cli.qos()
+
+    def pending_starts(self) -> list[PendingStart]:
+        return self.cli.pending_starts()
 
     def nodes(self) -> list[Node]:
         out = []

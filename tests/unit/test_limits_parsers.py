@@ -1,0 +1,253 @@
+"""Parsers of a shared cluster's limits (slurmhet/slurm/limits.py) on outputs recorded from the 22.05 dev cluster."""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta, timezone
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import pytest
+
+from slurmhet.slurm import limits
+from slurmhet.slurm.client import SlurmCli
+from slurmhet.slurm.parsers import SlurmOutputError
+from slurmhet.slurm.runner import CommandResult, SlurmCommandError
+
+FIX = Path(__file__).resolve().parent.parent / "fixtures" / "slurm-22.05"
+OW_IDS = json.loads((FIX / "job_ids_openworld.json").read_text())
+
+
+def read(name: str) -> str:
+    return (FIX / name).read_text()
+
+
+# --------------------------------------------------------------------------- partitions
+
+
+def test_partitions_of_the_dev_cluster_and_a_private_one() -> None:
+    parts = {p.name: p for p in limits.parse_partitions(read("scontrol_show_partition_oneliner.txt"))}
+    assert {"gpu", "v100", "t4", "k80", "fx-private"} <= set(parts)
+    gpu = parts["gpu"]
+    assert gpu.nodes == ("nodea", "nodeb", "nodec") and gpu.default and gpu.state == "UP"
+    assert gpu.max_time_s is None and gpu.allow_accounts is None and gpu.allow_qos is None
+    assert gpu.usable_by("root", "slurmhet", "normal", ()) is None
+    private = parts["fx-private"]
+    assert private.nodes == ("nodec",) and not private.default and private.priority_tier == 2
+    assert private.max_time_s == 36 * 3600  # MaxTime=1-12:00:00
+    assert private.allow_accounts == ("fx-nobody",) and private.deny_qos == ("gpu2",) and private.allow_qos is None
+    why = private.usable_by("root", "slurmhet", "normal", ())
+    assert why is not None and "AllowAccounts=fx-nobody" in why and "slurmhet" in why
+    assert private.usable_by("root", "fx-nobody", "normal", ()) is None
+    assert "DenyQos=gpu2" in (private.usable_by("u", "fx-nobody", "gpu2", ()) or "")
+
+
+def test_partition_groups_qos_and_root_only_rules() -> None:
+    line = ("PartitionName=ml AllowGroups=ml,ops AllowAccounts=ALL AllowQos=high Default=NO MaxTime=90 "
+            "Nodes=node[01-03] PriorityTier=3 RootOnly=NO State=DRAIN")
+    (part,) = limits.parse_partitions(line)
+    assert part.nodes == ("node01", "node02", "node03") and part.max_time_s == 90 * 60 and part.state == "DRAIN"
+    assert "AllowGroups=ml,ops" in (part.usable_by("bob", "a", "high", ("users",)) or "")
+    assert part.usable_by("bob", "a", "high", ("ops",)) is None
+    assert part.usable_by("root", "a", "high", ()) is None  # root passes AllowGroups
+    assert "AllowQos=high" in (part.usable_by("bob", "a", "normal", ("ml",)) or "")
+    (root_only,) = limits.parse_partitions(line.replace("RootOnly=NO", "RootOnly=YES"))
+    assert "RootOnly" in (root_only.usable_by("bob", "a", "high", ("ml",)) or "")
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("UNLIMITED", None), ("30", 1800.0), ("05:30", 330.0), ("02:00:00", 7200.0),
+    ("2-00", 2 * 86400.0), ("1-02:30", 86400.0 + 9000.0), ("1-00:00:01", 86401.0),
+])
+def test_slurm_time_limits(text: str, seconds: float | None) -> None:
+    assert limits.parse_time_limit(text, "cmd", "MaxTime", "partition p") == seconds
+
+
+@pytest.mark.parametrize("line", [
+    "PartitionName=v100 AllowGroups=ALL Default=NO MaxTime=x Nodes=nodea State=UP",  # garbage time
+    "PartitionName=v100 AllowGroups=ALL Default=NO",  # truncated
+    "PartitionName=v100 Default=maybe MaxTime=UNLIMITED Nodes=nodea State=UP",
+    "PartitionName=v100 Default=NO MaxTime=UNLIMITED Nodes=node[a State=UP",
+    "PartitionName=v100 Default=NO MaxTime=UNLIMITED Nodes=nodea PriorityTier=high State=UP",
+    "Partition v100 is weird",
+])
+def test_bad_partition_output_names_the_command(line: str) -> None:
+    with pytest.raises(SlurmOutputError, match="scontrol show partition"):
+        limits.parse_partitions(line)
+
+
+def test_bad_max_time_names_the_partition() -> None:
+    with pytest.raises(SlurmOutputError, match="cannot read MaxTime 'x' of partition v100"):
+        limits.parse_partitions("PartitionName=v100 Default=NO MaxTime=x Nodes=nodea State=UP")
+
+
+# --------------------------------------------------------------------------- reservations
+
+
+def test_reservation_for_another_user_and_none() -> None:
+    assert limits.parse_reservations(read("scontrol_show_reservation_none.txt")) == []
+    (res,) = limits.parse_reservations(read("scontrol_show_reservation_oneliner.txt"))
+    assert res.name == "fx-maint" and res.nodes == ("nodeb",) and res.state == "ACTIVE"
+    assert res.users == ("slurmhet-test",) and res.accounts == () and "SPEC_NODES" in res.flags
+    assert res.start.tzinfo == timezone.utc and res.end - res.start == timedelta(hours=1)
+    assert res.usable_by("slurmhet-test", {"slurmhet"})
+    assert not res.usable_by("root", {"slurmhet", "root"})
+
+
+def test_reservation_deny_lists_accounts_and_groups() -> None:
+    base = "ReservationName=r StartTime=2026-01-01T00:00:00 EndTime=2026-01-01T01:00:00 Nodes=nodea State=INACTIVE"
+    (denied,) = limits.parse_reservations(base + " Users=-bob,-eve Accounts=(null)")
+    assert denied.usable_by("alice", ()) and not denied.usable_by("bob", ())
+    (both,) = limits.parse_reservations(base + " Users=alice Accounts=ml")
+    assert both.usable_by("alice", {"ml"}) and not both.usable_by("alice", {"other"})
+    (grouped,) = limits.parse_reservations(base + " Users=(null) Groups=ops Accounts=(null)")
+    assert not grouped.usable_by("alice", ()) and grouped.usable_by("alice", (), groups={"ops"})
+
+
+@pytest.mark.parametrize("line", [
+    "ReservationName=r StartTime=soon EndTime=2026-01-01T01:00:00 Nodes=nodea State=ACTIVE",  # garbage time
+    "ReservationName=r StartTime=2026-01-01T00:00:00",  # truncated
+    "ReservationName=r StartTime=2026-01-01T00:00:00 EndTime=Unknown Nodes=nodea State=ACTIVE",
+    "garbage",
+])
+def test_bad_reservation_output_names_the_command(line: str) -> None:
+    with pytest.raises(SlurmOutputError, match="scontrol show reservation"):
+        limits.parse_reservations(line)
+
+
+# --------------------------------------------------------------------------- associations, QOS, user
+
+
+def test_associations_of_root_and_the_capped_user() -> None:
+    assocs = limits.parse_assocs(read("sacctmgr_show_assoc.txt"))
+    by_key = {(a.account, a.user): a for a in assocs}
+    assert {("slurmhet", "root"), ("root", "root"), ("capped", "slurmhet-capped")} <= set(by_key)
+    capped = by_key[("capped", "slurmhet-capped")]
+    assert capped.qos == ("gpu2",) and capped.default_qos == "gpu2" and capped.partition == ""
+    assert capped.max_tres == {} and capped.grp_tres == {} and capped.max_jobs is None and capped.max_wall_s is None
+
+
+def test_association_limits_when_set() -> None:
+    (a,) = limits.parse_assocs("ml|bob|v100|normal,high|normal|gres/gpu=4,cpu=8|gres/gpu=16|10|1-00:00:00\n")
+    assert a.partition == "v100" and a.qos == ("normal", "high")
+    assert a.max_tres == {"gres/gpu": 4, "cpu": 8} and a.grp_tres == {"gres/gpu": 16}
+    assert a.max_jobs == 10 and a.max_wall_s == 86400
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("slurmhet|root||normal", "sacctmgr show assoc: line 1 has 4 fields"),  # truncated
+    ("ml|bob||normal|normal|gres/gpu=four||| \n", "sacctmgr show assoc: cannot read TRES entry 'gres/gpu=four'"),
+    ("ml|bob||normal|normal|||ten|", "sacctmgr show assoc: cannot read MaxJobs 'ten' of association ml/bob"),
+    ("ml|bob||normal|normal||||soon", "sacctmgr show assoc: cannot read MaxWall 'soon'"),
+])
+def test_bad_assoc_output_names_the_command(text: str, message: str) -> None:
+    with pytest.raises(SlurmOutputError, match=message):
+        limits.parse_assocs(text)
+
+
+def test_qos_and_the_gpu2_cap() -> None:
+    qos = {q.name: q for q in limits.parse_qos(read("sacctmgr_show_qos.txt"))}
+    assert qos["gpu2"].gpu_cap() == 2 and qos["gpu2"].max_tres_per_user == {"gres/gpu": 2}
+    assert qos["normal"].gpu_cap() is None and qos["normal"].priority == 0
+    (q,) = limits.parse_qos("high|100||gres/gpu=8|gres/gpu=32|5|02:00:00\n")
+    assert q.priority == 100 and q.max_tres_per_job == {"gres/gpu": 8} and q.grp_tres == {"gres/gpu": 32}
+    assert q.max_jobs_per_user == 5 and q.max_wall_s == 7200 and q.gpu_cap() is None
+
+
+@pytest.mark.parametrize("text", [
+    "gpu2|0|gres/gpu=2",  # truncated
+    "gpu2|0|gres/gpu=two||||",  # non-numeric TRES
+    "gpu2|high|gres/gpu=2||||",
+    "gpu2|0|gres/gpu=2|||||yesterday",
+])
+def test_bad_qos_output_names_the_command(text: str) -> None:
+    with pytest.raises(SlurmOutputError, match="sacctmgr show qos"):
+        limits.parse_qos(text)
+
+
+def test_default_account() -> None:
+    assert limits.parse_default_account(read("sacctmgr_show_user.txt")) == "capped"
+    assert limits.parse_default_account("") == ""
+    with pytest.raises(SlurmOutputError, match="sacctmgr show user"):
+        limits.parse_default_account("slurmhet-capped")  # truncated
+    with pytest.raises(SlurmOutputError, match="sacctmgr show user"):
+        limits.parse_default_account("a|x\nb|y\n")
+
+
+# --------------------------------------------------------------------------- expected starts
+
+
+def test_pending_starts_behind_a_foreign_job() -> None:
+    starts = {s.job_id: s for s in limits.parse_pending_starts(read("squeue_start.txt"))}
+    behind = starts[str(OW_IDS["behind"])]
+    assert behind.expected_start is not None and behind.expected_start.tzinfo == timezone.utc
+    # squeue --start words the reason at length where --json says Resources.
+    assert behind.sched_nodes == ("nodea",) and behind.reason.startswith("Nodes required for job")
+    waiting = starts[str(OW_IDS["waiting"])]
+    assert waiting.expected_start is None and waiting.sched_nodes == () and waiting.reason == "Dependency"
+    assert str(OW_IDS["foreign"]) not in starts  # running jobs have no expected start
+
+
+@pytest.mark.parametrize("text", [
+    "42|N/A|(null)",  # truncated
+    "42|tomorrow|(null)|None",  # garbage time
+    "42|2026-01-01T00:00:00|node[a|None",
+    "job|N/A|(null)|None",
+])
+def test_bad_pending_start_output_names_the_command(text: str) -> None:
+    with pytest.raises(SlurmOutputError, match="squeue --start"):
+        limits.parse_pending_starts(text)
+
+
+# --------------------------------------------------------------------------- the client's commands
+
+
+class RecordedRunner:
+    """Answers each Slurm command with its recorded output, keeping the argv lists it was given."""
+
+    OUTPUTS = {
+        ("scontrol", "show", "partition"): "scontrol_show_partition_oneliner.txt",
+        ("scontrol", "show", "reservation"): "scontrol_show_reservation_oneliner.txt",
+        ("sacctmgr", "-n", "-P", "show", "assoc"): "sacctmgr_show_assoc.txt",
+        ("sacctmgr", "-n", "-P", "show", "qos"): "sacctmgr_show_qos.txt",
+        ("sacctmgr", "-n", "-P", "show", "user"): "sacctmgr_show_user.txt",
+        ("squeue", "--all", "--start"): "squeue_start.txt",
+    }
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None,
+            env: Mapping[str, str] | None = None) -> CommandResult:
+        self.calls.append(list(argv))
+        name = next(v for k, v in self.OUTPUTS.items() if tuple(argv[:len(k)]) == k)
+        return CommandResult(tuple(argv), read(name), "")
+
+
+def test_client_reads_the_shared_cluster_through_the_runner() -> None:
+    runner = RecordedRunner()
+    cli = SlurmCli(runner)
+    assert "fx-private" in {p.name for p in cli.partitions()}
+    assert [r.name for r in cli.reservations()] == ["fx-maint"]
+    assert cli.associations("slurmhet-capped")[0].account == "slurmhet"  # the recording holds two users
+    assert cli.default_account("slurmhet-capped") == "capped"
+    assert {q.name for q in cli.qos()} == {"normal", "gpu2"}
+    assert str(OW_IDS["behind"]) in {s.job_id for s in cli.pending_starts()}
+    assert runner.calls[2] == ["sacctmgr", "-n", "-P", "show", "assoc", "user=slurmhet-capped",
+                               "format=Account,User,Partition,QOS,DefaultQOS,MaxTRES,GrpTRES,MaxJobs,MaxWall"]
+    assert runner.calls[5] == ["squeue", "--all", "--start", "--noheader", "--format=%A|%S|%Y|%r"]
+
+
+def test_without_accounting_the_sacctmgr_failure_reaches_the_caller() -> None:
+    class NoAccounting(RecordedRunner):
+        def run(self, argv: Sequence[str], **kw: object) -> CommandResult:
+            if argv[0] == "sacctmgr":
+                raise SlurmCommandError(argv, 1, "", "sacctmgr: error: Problem talking to the database")
+            return super().run(argv)
+
+    cli = SlurmCli(NoAccounting())
+    with pytest.raises(SlurmCommandError, match="Problem talking to the database"):
+        cli.associations("root")
+    with pytest.raises(SlurmCommandError):
+        cli.qos()
+    assert cli.partitions()
