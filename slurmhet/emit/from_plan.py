@@ -7,13 +7,20 @@
 * forked copies (HadarE) -> one ArrayRequest per copy shape, disjoint index
   ranges, chunked to MaxArraySize, plus a ConsolidationRequest after them all
 * a co-location group -> one PackRequest (see ``pack_parts``)
+
+``--nodelist`` is pinned only where the plan's value depends on the node: on a
+shared cluster a pinned job waits behind others while a twin node of its type
+idles. Multi-node batch jobs (placement chose those nodes), packs (one shared
+GPU) and forked copies stay pinned; a single-node batch job asks for its type
+and count on ``--nodes=1`` and Slurm picks the node; het components are pinned
+only where two of them could share a node (see ``het_needs_nodelist``).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, replace
-from typing import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Sequence
 
 from slurmhet.cluster import Inventory
 from slurmhet.emit.multipart import Part
@@ -34,7 +41,10 @@ class EmitSettings:
     log_dir: str
     launcher: tuple[str, ...]  # e.g. (sys.executable, "-m", "slurmhet", "run", "--")
     slurmhet: tuple[str, ...]  # e.g. (sys.executable, "-m", "slurmhet")
+    #: The site's default partition (config); it wins over ``partitions``.
     partition: str | None = None
+    #: GPU type -> the partition its parts go to (from the cluster's partitions; may be empty).
+    partitions: Mapping[str, str] = field(default_factory=dict)
     #: "gpu": packs take a whole GPU; "auto": gres/mps, else gres/shard, where the pack's node has them.
     pack_sharing: str = "gpu"
     #: What a consolidation runs after averaging so the next round gets planned (e.g. a replan command).
@@ -45,11 +55,35 @@ class EmitSettings:
     env: tuple[tuple[str, str], ...] = ()
 
 
-def _common(job_id: int, spec: JobSpec, settings: EmitSettings, also: tuple[int, ...] = (),
+#: How a spec's ``sbatch:`` list names a partition.
+PARTITION_OPTIONS = ("partition", "p")
+
+
+def partition_for(spec: JobSpec, settings: EmitSettings, gpu_type: str | None) -> str | None:
+    """The ``--partition`` slurmhet adds for a part on ``gpu_type``.
+
+    None when the spec names its own (it wins and goes out once, with the spec's other
+    options); else the site default, else the type's partition, else none (Slurm's default).
+    """
+    if any(name in PARTITION_OPTIONS for name, _ in spec.sbatch):
+        return None
+    return settings.partition or (settings.partitions.get(gpu_type) if gpu_type else None)
+
+
+def het_needs_nodelist(shapes: Sequence[GpuShape], inventory: Inventory | None) -> bool:
+    """Whether two het components could land on one node: some node holds GPUs of two of their types
+    (components of one type count twice). Unknown nodes (no inventory): pin, to be safe."""
+    if inventory is None:
+        return True
+    types = [s.gpu_type for s in shapes]
+    return any(sum(node.gpus.get(t, 0) > 0 for t in types) >= 2 for node in inventory.nodes)
+
+
+def _common(job_id: int, spec: JobSpec, settings: EmitSettings, gpu_type: str | None, also: tuple[int, ...] = (),
             profile: SiteProfile | None = None) -> Common:
     return Common(job_id=job_id, name=spec.name, log_dir=settings.log_dir, time_limit_min=spec.time_limit_min,
                   store_tag=settings.store_tag,
-                  partition=settings.partition, extra=spec.sbatch, also=also,
+                  partition=partition_for(spec, settings, gpu_type), extra=spec.sbatch, also=also,
                   spank=bool(profile is not None and profile.spank_plugin))
 
 
@@ -89,16 +123,17 @@ def gpu_shapes(allocation: Allocation, weights: Sequence[float]) -> tuple[list[G
 
 
 def requests_for(job_id: int, spec: JobSpec, job_plan: JobPlan, profile: SiteProfile, settings: EmitSettings, *,
-                 copies: Sequence[Allocation] = (), round: int = 0, round_steps: Sequence[int] = ()) -> list[Part]:
+                 copies: Sequence[Allocation] = (), round: int = 0, round_steps: Sequence[int] = (),
+                 inventory: Inventory | None = None) -> list[Part]:
     """The parts that run ``job_plan`` (``copies``: HadarE's forked copies this round, one allocation each;
-    ``round_steps``: each copy's share of the round's steps, exported as ``SLURMHET_ROUND_STEPS``)."""
+    ``round_steps``: each copy's share of the round's steps, exported as ``SLURMHET_ROUND_STEPS``;
+    ``inventory``: the cluster's nodes, which say whether het components must be pinned)."""
     launch = Launch(program=spec.command, launcher=settings.launcher, env=_spec_env(spec, settings))
-    common = _common(job_id, spec, settings, profile=profile)
     if len(copies) > 1:
         if round_steps and len(round_steps) != len(copies):
             raise InputError(f"{len(round_steps)} round step counts for {len(copies)} copies", place=f"job {job_id}",
                              hint="one step count per copy")
-        return _forked(job_id, spec, launch, common, copies, profile, settings, round, tuple(round_steps))
+        return _forked(job_id, spec, launch, copies, profile, settings, round, tuple(round_steps))
     if job_plan.allocation is None or not job_plan.allocation.slots:
         raise InputError(f"job {spec.name!r} has no allocation in this plan", place=f"job {job_id}",
                          hint=job_plan.wait_reason or "it waits for the next round")
@@ -106,11 +141,17 @@ def requests_for(job_id: int, spec: JobSpec, job_plan: JobPlan, profile: SitePro
     style = profile.gpu_request_style
     if len(shapes) == 1:
         s = shapes[0]
-        return [Part(BatchRequest(common, launch, s.gpu_type, s.gpus_per_node, s.nodes, s.nodelist, style, weights))]
-    return [Part(HetJobRequest(common, launch, tuple(shapes), style, weights))]
+        common = _common(job_id, spec, settings, s.gpu_type, profile=profile)
+        nodelist = s.nodelist if s.nodes > 1 else ()  # one node of one type: any node of that type will do
+        return [Part(BatchRequest(common, launch, s.gpu_type, s.gpus_per_node, s.nodes, nodelist, style, weights))]
+    pin = het_needs_nodelist(shapes, inventory)
+    components = tuple(replace(s, nodelist=s.nodelist if pin else (),
+                               partition=partition_for(spec, settings, s.gpu_type)) for s in shapes)
+    return [Part(HetJobRequest(_common(job_id, spec, settings, None, profile=profile), launch, components, style,
+                               weights))]
 
 
-def _forked(job_id: int, spec: JobSpec, launch: Launch, common: Common, copies: Sequence[Allocation],
+def _forked(job_id: int, spec: JobSpec, launch: Launch, copies: Sequence[Allocation],
             profile: SiteProfile, settings: EmitSettings, round: int,
             round_steps: tuple[int, ...] = ()) -> list[Part]:
     if not spec.checkpoint_dir:
@@ -129,11 +170,14 @@ def _forked(job_id: int, spec: JobSpec, launch: Launch, common: Common, copies: 
     for (gpu_type, count, steps), nodes in groups.items():
         # One array per copy shape; pin nodes only when all its copies share one (per-task nodelists do not exist).
         pinned = tuple(sorted(set(nodes))) if len(set(nodes)) == 1 else ()
+        common = _common(job_id, spec, settings, gpu_type, profile=profile)
         request = ArrayRequest(common, launch, GpuShape(gpu_type, count, 1, pinned), ArrayChunk(first, len(nodes)),
                                throttle=len(nodes), round=round, gpu_request_style=profile.gpu_request_style,
                                plan_env=(("SLURMHET_ROUND_STEPS", str(steps)),) if steps is not None else ())
         parts += [Part(chunk) for chunk in request.chunks(profile.max_array_size)]
         first += len(nodes)
+    # It needs no GPU; it runs where the copies' type lives (the first copy's, when copies differ).
+    common = _common(job_id, spec, settings, copies[0].slots[0][1], profile=profile)
     consolidation = ConsolidationRequest(common, settings.slurmhet, spec.checkpoint_dir, tuple(range(first)),
                                          round=round, then=settings.after_consolidation,
                                          env=(("SLURMHET_JOB_ID", str(job_id)), *settings.env))
@@ -162,7 +206,8 @@ def pack_parts(members: Sequence[tuple[int, JobSpec, JobPlan]], profile: SitePro
     lead_id, lead_spec, _ = members[0]
     pack_members = tuple(PackMember(job_id, spec.name, spec.command, _spec_env(spec, settings)) for job_id, spec, _ in members)
     limits = [spec.time_limit_min for _, spec, _ in members]
-    common = replace(_common(lead_id, lead_spec, settings, also=tuple(m[0] for m in members[1:]), profile=profile),
+    common = replace(_common(lead_id, lead_spec, settings, gpu_type, also=tuple(m[0] for m in members[1:]),
+                             profile=profile),
                      time_limit_min=None if None in limits else max(limits))  # type: ignore[type-var]
     return [Part(PackRequest(common, settings.launcher, settings.slurmhet, gpu_type, pack_members, sharing,
                              share_count, (node_name,), profile.gpu_request_style))]

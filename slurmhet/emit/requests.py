@@ -89,6 +89,8 @@ class GpuShape:
     gpus_per_node: int
     nodes: int = 1
     nodelist: tuple[str, ...] = ()
+    #: A het component's own partition (components of one job may differ); None: the common one.
+    partition: str | None = None
 
     @property
     def tasks(self) -> int:
@@ -202,7 +204,8 @@ class HetJobRequest:
         for shape in self.components:
             shape.check(place)
         # Options go on argv, components separated by ":" (sbatch's command-line form of "#SBATCH hetjob").
-        per_component = [self.common.options() + c.options(self.gpu_request_style) for c in self.components]
+        per_component = [(replace(self.common, partition=c.partition) if c.partition else self.common).options()
+                         + c.options(self.gpu_request_style) for c in self.components]
         check_slurm_can(per_component)
         argv: list[str] = []
         for i, opts in enumerate(per_component):

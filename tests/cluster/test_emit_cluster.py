@@ -64,6 +64,31 @@ def test_two_type_job_runs_as_one_het_job(tmp_path: Path, client: SlurmCli) -> N
     assert [(r["het_offset"], r["gpu_type"], r["gpu_count"]) for r in rows] == [(0, "v100", 1), (1, "t4", 2)]
 
 
+def test_unpinned_het_job_gets_a_partition_per_component(tmp_path: Path, client: SlurmCli) -> None:
+    """From a plan on the dev cluster: no nodelist (no node holds two of its types), each component in
+    its type's partition; Slurm still puts each on the one node of its type."""
+    from slurmhet.cluster import Inventory
+    from slurmhet.emit.from_plan import EmitSettings, requests_for
+    from slurmhet.planner.model import Allocation, JobPlan
+    from slurmhet.slurm.profile import SiteProfile
+    from slurmhet.spec import GpuRequest, JobSpec, Workload
+
+    spec = JobSpec(name="het partitions", workload=Workload("ResNet-18", 64), global_batch=64,
+                   command=("bash", "-c", "echo $SLURMD_NODENAME $RANK"), steps=1, gpus=GpuRequest(1, 8),
+                   time_limit_min=5)
+    plan = JobPlan("9007", Allocation((("nodea", "v100", 1), ("nodeb", "t4", 1))), (), 1.0, 1.0, 0.0, 1.0, 1.0, 0)
+    settings = EmitSettings(str(tmp_path), LAUNCHER, SLURMHET_CMD, partitions={"v100": "v100", "t4": "t4"})
+    profile = SiteProfile("22.05", True, 1001, 10**6, "gres", False, True, True)
+    parts = requests_for(9007, spec, plan, profile, settings, inventory=Inventory(tuple(client.nodes())))
+    assert not any(a.startswith("--nodelist") for a in parts[0].request.materialize().argv)
+    outcome = MultiPartSubmitter(client).submit(parts)
+    assert outcome.ok, outcome.message
+    records = _settled([outcome.submitted[0].slurm_job_id], 2)
+    by_offset = {r.id.het_offset: r for r in records}
+    assert [(by_offset[k].partition, by_offset[k].nodes) for k in (0, 1)] == [("v100", "nodea"), ("t4", "nodeb")]
+    assert all(r.state == "COMPLETED" for r in records)
+
+
 def test_forked_copies_run_as_array_then_consolidation(tmp_path: Path, client: SlurmCli) -> None:
     """Two copies save checkpoints; the afterany consolidation starts after both and averages them."""
     ckpt = tmp_path / "ckpt"

@@ -152,3 +152,58 @@ def test_plan_facts_reach_the_runtime_environment() -> None:
     consolidation = parts[-1].resolved(["11", "12"]).materialize()
     assert "export SLURMHET_JOB_ID=7\n" in consolidation.script and "export SLURMHET_PROGRESS_DIR=/p\n" in consolidation.script
     assert "--open-mode=append" in consolidation.argv
+
+
+PARTITIONS = {"v100": "v100", "t4": "t4", "k80": "k80"}
+TYPED = EmitSettings("/logs", LAUNCH.launcher, ("slurmhet",), partitions=PARTITIONS)
+
+
+def _opts(argv: tuple[str, ...], name: str) -> list[str]:
+    return [a.split("=", 1)[1] for a in argv if a.startswith(f"--{name}=")]
+
+
+def test_one_node_of_one_type_is_left_to_slurm_and_several_nodes_stay_pinned() -> None:
+    one = requests_for(1, _spec(), _plan((("nodea", "v100", 2),)), PROFILE, TYPED)[0].request.materialize().argv
+    assert not _opts(one, "nodelist") and _opts(one, "nodes") == ["1"] and _opts(one, "partition") == ["v100"]
+    two = requests_for(1, _spec(), _plan((("nodea", "v100", 2), ("nodeb", "v100", 2))), PROFILE, TYPED)
+    assert _opts(two[0].request.materialize().argv, "nodelist") == ["nodea,nodeb"]
+
+
+HET = (("nodea", "v100", 2), ("nodeb", "t4", 1))
+
+
+def test_het_is_pinned_only_where_two_components_could_share_a_node() -> None:
+    def nodelists(inventory: Inventory | None, slots: tuple[tuple[str, str, int], ...] = HET) -> list[str]:
+        request = requests_for(1, _spec(), _plan(slots), PROFILE, TYPED, inventory=inventory)[0].request
+        return _opts(request.materialize().argv, "nodelist")
+    assert nodelists(_inventory()) == []  # the dev cluster: one type per node
+    mixed = Inventory(_inventory().nodes + (Node("nodem", {"v100": 1, "t4": 1}),))
+    assert nodelists(mixed) == ["nodea", "nodeb"]
+    assert nodelists(None) == ["nodea", "nodeb"]  # nodes unknown: pinned, to be safe
+    uneven = Inventory(_inventory().nodes + (Node("nodex", {"v100": 4}),))  # one type, two components
+    assert nodelists(uneven, (("nodea", "v100", 2), ("nodex", "v100", 1))) == ["nodea", "nodex"]
+
+
+def test_partition_per_component_and_who_wins() -> None:
+    def partitions(settings: EmitSettings, **kw: object) -> list[str]:
+        request = requests_for(1, _spec(**kw), _plan(HET), PROFILE, settings, inventory=_inventory())[0].request
+        return _opts(request.materialize().argv, "partition")
+    assert partitions(TYPED) == ["v100", "t4"]
+    assert partitions(TYPED, sbatch=(("partition", "mine"),)) == ["mine", "mine"]  # the spec's own, not duplicated
+    site = EmitSettings("/logs", LAUNCH.launcher, ("slurmhet",), partition="site", partitions=PARTITIONS)
+    assert partitions(site) == ["site", "site"]
+    assert partitions(SETTINGS) == []  # nothing known: Slurm's default partition
+    lone = EmitSettings("/logs", LAUNCH.launcher, ("slurmhet",), partitions={"t4": "t4"})
+    assert partitions(lone) == ["t4"]  # a type without a partition: its component goes to Slurm's default
+
+
+def test_forked_and_packed_parts_take_their_types_partition() -> None:
+    copies = (Allocation((("nodea", "v100", 2),)), Allocation((("nodeb", "t4", 2),)), Allocation((("nodex", "t4", 2),)))
+    spec = _spec(sync="local-sgd", checkpoint_dir="/ckpt")
+    parts = requests_for(1, spec, _plan(copies[0].slots), PROFILE, TYPED, copies=copies)
+    argvs = [p.resolved(["11", "12"]).materialize().argv for p in parts]
+    assert [_opts(a, "partition") for a in argvs] == [["v100"], ["t4"], ["v100"]]  # consolidation: the first copy's
+    assert [_opts(a, "nodelist") for a in argvs] == [["nodea"], [], []]  # copies as before
+    plans = [(i, _spec(), _plan((("nodeb", "t4", 1),))) for i in (1, 2)]
+    pack = pack_parts(plans, PROFILE, TYPED, _inventory())[0].request.materialize().argv
+    assert _opts(pack, "partition") == ["t4"] and _opts(pack, "nodelist") == ["nodeb"]

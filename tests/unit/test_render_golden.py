@@ -11,8 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from slurmhet.cluster import Inventory, Node
+from slurmhet.emit.from_plan import EmitSettings, requests_for
 from slurmhet.emit.requests import (ArrayChunk, ArrayRequest, BatchRequest, Common, ConsolidationRequest, GpuShape,
                                     HetJobRequest, Launch, Materialized, PackMember, PackRequest)
+from slurmhet.planner.model import Allocation, JobPlan
+from slurmhet.slurm.profile import SiteProfile
+from slurmhet.spec import GpuRequest, JobSpec, Workload
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 REGEN = os.environ.get("SLURMHET_REGEN_GOLDENS") == "1"
@@ -28,6 +33,24 @@ def _common(name: str = "resnet18") -> Common:
 LAUNCHER = ("/opt/slurmhet/bin/python", "-m", "slurmhet", "run", "--")
 SLURMHET = ("/opt/slurmhet/bin/python", "-m", "slurmhet")
 HET_SHAPES = (GpuShape("v100", 2, 1, ("nodea",)), GpuShape("t4", 1, 2, ("nodeb", "nodex")))
+#: The dev cluster: one GPU type per node, one partition per type besides the default.
+DEV_NODES = (Node("nodea", {"v100": 4}), Node("nodeb", {"t4": 4}), Node("nodec", {"k80": 2}))
+DEV_PARTITIONS = {"v100": "v100", "t4": "t4", "k80": "k80"}
+
+
+def _planned(slots: tuple[tuple[str, str, int], ...], nodes: tuple[Node, ...] = DEV_NODES,
+             sbatch: tuple[tuple[str, str | None], ...] = ()) -> BatchRequest | HetJobRequest:
+    """What from_plan emits for a plan on ``nodes``: shows where it pins nodes and picks partitions."""
+    spec = JobSpec(name="resnet18", workload=Workload("ResNet-18", 64), global_batch=64,
+                   command=("python", "train.py"), steps=10, gpus=GpuRequest(1, 8), time_limit_min=90, sbatch=sbatch)
+    plan = JobPlan("42", Allocation(slots), (), 1.0, 1.0, 0.0, 1.0, 1.0, 0)
+    settings = EmitSettings("/var/log/slurmhet", LAUNCHER, SLURMHET, partitions=DEV_PARTITIONS)
+    profile = SiteProfile("22.05.8", True, 1001, 10**6, "gres", False, True, True)
+    request = requests_for(42, spec, plan, profile, settings, inventory=Inventory(nodes))[0].request
+    assert isinstance(request, (BatchRequest, HetJobRequest))
+    return request
+
+
 CASES: dict[str, BatchRequest | HetJobRequest | ArrayRequest | ConsolidationRequest | PackRequest] = {
     "batch-gres": BatchRequest(_common(), Launch(("python", "train.py", "--epochs", "2"), LAUNCHER), "t4", 2,
                                gpu_request_style="gres", shard_weights=(0.5, 0.5)),
@@ -74,6 +97,18 @@ CASES: dict[str, BatchRequest | HetJobRequest | ArrayRequest | ConsolidationRequ
                               share_count=2),
     "pack-hostile": PackRequest(_common(HOSTILE_NAME), LAUNCHER, SLURMHET, "k80",
                                 (PackMember(42, HOSTILE_NAME, HOSTILE_ARGV), PackMember(43, "b", HOSTILE_ARGV))),
+    # From a plan: one node of one type is not pinned (Slurm picks a v100 node); the type picks the partition.
+    "plan-batch-one-node": _planned((("nodea", "v100", 2),)),
+    # Several nodes: placement chose them, so they are pinned.
+    "plan-batch-two-nodes": _planned((("nodea", "v100", 2), ("nodex", "v100", 2)),
+                                     DEV_NODES + (Node("nodex", {"v100": 4}),)),
+    # Het on the dev cluster's shape: no node holds two of its types, so no nodelist; a partition per component.
+    "plan-het-per-type-nodes": _planned((("nodea", "v100", 2), ("nodeb", "t4", 1))),
+    # One node holds v100 and t4: both components could land there, so they are pinned.
+    "plan-het-shared-node": _planned((("nodea", "v100", 2), ("nodeb", "t4", 1)),
+                                     DEV_NODES + (Node("nodem", {"v100": 2, "t4": 2}),)),
+    # The spec's own --partition wins over the type's, once per component.
+    "plan-het-spec-partition": _planned((("nodea", "v100", 2), ("nodeb", "t4", 1)), sbatch=(("partition", "mine"),)),
 }
 
 
