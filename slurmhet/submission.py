@@ -124,9 +124,37 @@ class Candidate:
     pack: str | None = None
 
 
+def running_allocation(planned: Allocation, running: Sequence[tuple[str, int, str]]) -> Allocation:
+    """Where a job really runs: ``planned`` with each one-type, one-node part moved to the node Slurm chose.
+
+    ``running``: ``(gpu_type, gpu_count, nodes as Slurm reports them)`` of the job's running parts.
+    Slurm picks the node of an unpinned part, so the plan's node name may be wrong; a part
+    on one node whose type and count match exactly one planned slot takes that slot's place.
+    Anything else (several nodes, no unique slot) stays as planned.
+    """
+    slots = list(planned.slots)
+    for gpu_type, count, nodes in running:
+        if not nodes or any(c in nodes for c in ",["):
+            continue
+        same = [i for i, (_, t, c) in enumerate(slots) if t == gpu_type and c == count]
+        if len(same) == 1:
+            slots[same[0]] = (nodes, gpu_type, count)
+    if slots == list(planned.slots):
+        return planned
+    counts: dict[tuple[str, str], int] = {}
+    for node, gpu_type, count in slots:
+        counts[(node, gpu_type)] = counts.get((node, gpu_type), 0) + count
+    return Allocation.of(counts)
+
+
 def stored_allocation(job: Job) -> Allocation | None:
+    """The job's planned allocation, where its running parts really run (see :func:`running_allocation`)."""
     slots = (job.plan or {}).get("slots")
-    return Allocation(tuple((n, t, int(c)) for n, t, c in slots)) if slots else None
+    if not slots:
+        return None
+    running = [(p.gpu_type, p.gpu_count, p.nodes) for p in job.slurm_jobs
+               if p.state == "RUNNING" and p.gpu_type and p.role != "superseded"]
+    return running_allocation(Allocation(tuple((n, t, int(c)) for n, t, c in slots)), running)
 
 
 def candidate_of(job: Job, samples_done: float = 0.0) -> Candidate:
@@ -260,13 +288,15 @@ def dispatches(plan: Plan, ready: dict[int, JobSpec], profile: SiteProfile, sett
         elif job_plan.colocation_group:
             groups.setdefault(job_plan.colocation_group, []).append((job_id, spec, job_plan))
         elif not spec.entrypoint:
-            out.append(Dispatch((job_id,), (spec,), requests_for(job_id, spec, job_plan, profile, emit)))
+            out.append(Dispatch((job_id,), (spec,), requests_for(job_id, spec, job_plan, profile, emit,
+                                                                       inventory=inventory)))
         else:
             out.append(Dispatch((job_id,), (spec,), []))  # submitted through submitit
     for members in groups.values():
         if len(members) == 1 or any(spec.entrypoint for _, spec, _ in members):
             for job_id, spec, job_plan in members:
-                out.append(Dispatch((job_id,), (spec,), requests_for(job_id, spec, job_plan, profile, emit)))
+                out.append(Dispatch((job_id,), (spec,), requests_for(job_id, spec, job_plan, profile, emit,
+                                                                       inventory=inventory)))
         else:
             out.append(Dispatch(tuple(m[0] for m in members), tuple(m[1] for m in members),
                                 pack_parts(members, profile, emit, inventory)))
@@ -357,7 +387,7 @@ class Dispatcher:
         """Python entrypoints go through submitit, so users keep its Job handles and results.
 
         submitit holds one resource shape per job, so the job runs on the plan's
-        largest single-type share of its allocation.
+        largest single-type share of its allocation; on one node, Slurm picks which.
         """
         from slurmhet.emit.entrypoint import call_entrypoint
         from slurmhet.emit.submitit_executor import RunnerSlurmExecutor
@@ -371,10 +401,11 @@ class Dispatcher:
         gpu_key, gpu_value = (("gres", f"gpu:{gpu_type}:{per_node}") if self.profile.gpu_request_style == "gres"
                               else ("gpus_per_node", f"{gpu_type}:{per_node}"))
         extra = {k.replace("-", "_"): (v if v is not None else True) for k, v in spec.sbatch}
+        nodelist = ",".join(n for n, _ in slots) if len(slots) > 1 else ""
         executor.update_parameters(
             job_name=spec.name[:64], comment=f"slurmhet:{job_id}@{self.db.instance}", time=spec.time_limit_min or 60,
             nodes=len(slots), ntasks_per_node=1, **{gpu_key: gpu_value},
-            additional_parameters={"nodelist": ",".join(n for n, _ in slots), **extra},
+            additional_parameters={**({"nodelist": nodelist} if nodelist else {}), **extra},
         )
         try:  # sbatch runs outside the write transaction; a crash in between leaves an orphan that sync adopts
             handle = executor.submit(call_entrypoint, spec.entrypoint, list(spec.args), os.getcwd())
@@ -393,7 +424,7 @@ class Dispatcher:
             job.attempts += 1
             job.state, job.reason = JobState.SUBMITTED, ""
             job.slurm_jobs.append(SlurmJob(slurm_job_id=slurm_id, role="batch", gpu_type=gpu_type,
-                                           gpu_count=per_node * len(slots), nodes=",".join(n for n, _ in slots),
+                                           gpu_count=per_node * len(slots), nodes=nodelist,
                                            state="PENDING", argv=["submitit", str(spec.entrypoint)]))
             add_event(session, job, "submitted", f"Slurm job {slurm_id} (submitit)", slurm_job_ids=[slurm_id])
         return Outcome(job_id, spec.name, "SUBMITTED", [slurm_id], describe(job_plan.allocation))

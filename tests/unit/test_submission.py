@@ -5,7 +5,8 @@ from __future__ import annotations
 from slurmhet.cluster import Inventory, Node
 from slurmhet.planner import Allocation
 from slurmhet.spec import load_text
-from slurmhet.submission import Candidate, plan_for, unplaceable
+from slurmhet.store import Job, SlurmJob
+from slurmhet.submission import Candidate, plan_for, running_allocation, stored_allocation, unplaceable
 from slurmhet.throughput import ThroughputTable
 
 SPEC = load_text("name: a\ncommand: [x]\nworkload: {model: ResNet-18, batch_size: 64}\nwork: {steps: 50}\n"
@@ -31,3 +32,21 @@ def test_jobs_whose_types_are_all_drained_wait_instead_of_failing_the_plan() -> 
     assert "have 0 usable GPU(s)" in unplaceable(candidates, inventory)[1]
     plan = plan_for(candidates, inventory, TABLE, "slurmhet", now=0.0)
     assert plan.job("2").allocation is not None and {jp.job_id for jp in plan.jobs} == {"2"}
+
+
+def test_a_part_slurm_put_on_another_node_is_pinned_where_it_runs() -> None:
+    planned = Allocation((("nodea", "v100", 2), ("nodeb", "t4", 1)))
+    assert running_allocation(planned, [("v100", 2, "nodex")]) == Allocation((("nodeb", "t4", 1), ("nodex", "v100", 2)))
+    assert running_allocation(planned, [("v100", 2, "nodea"), ("t4", 1, "")]) is planned  # as planned / not started
+    assert running_allocation(planned, [("v100", 2, "node[x-y]"), ("t4", 1, "nodex,nodey")]) is planned  # several nodes
+    assert running_allocation(planned, [("v100", 1, "nodex")]) is planned  # no planned slot of that shape
+    twice = Allocation((("nodea", "t4", 1), ("nodeb", "t4", 1)))
+    assert running_allocation(twice, [("t4", 1, "nodec")]) is twice  # which slot moved is unknown
+
+
+def test_stored_allocation_follows_running_parts_only() -> None:
+    job = Job(plan={"slots": [["nodea", "v100", 2]]}, slurm_jobs=[
+        SlurmJob(slurm_job_id="7", role="batch", gpu_type="v100", gpu_count=2, nodes="nodex", state="RUNNING")])
+    assert stored_allocation(job) == Allocation((("nodex", "v100", 2),))
+    job.slurm_jobs[0].state = "PENDING"
+    assert stored_allocation(job) == Allocation((("nodea", "v100", 2),))
