@@ -12,7 +12,7 @@ from typing import Protocol, Sequence
 
 from slurmhet.cluster import Node
 from slurmhet.slurm import limits, parsers
-from slurmhet.slurm.limits import AssocRecord, PartitionRecord, PendingStart, QosRecord, ReservationRecord
+from slurmhet.slurm.limits import AssocRecord, PartitionRecord, PendingStart, QosRecord, ReservationRecord, UsageRecord
 from slurmhet.slurm.parsers import AccountingRecord, QueueRecord
 from slurmhet.slurm.runner import SlurmRunner
 
@@ -37,6 +37,7 @@ class SlurmClient(Protocol):
     def default_account(self, user: str) -> str: ...
     def qos(self) -> list[QosRecord]: ...
     def pending_starts(self) -> list[PendingStart]: ...
+    def usage_history(self, since: datetime) -> list[UsageRecord]: ...
 
 
 class SlurmCli:
@@ -128,3 +129,9 @@ class SlurmCli:
     def pending_starts(self) -> list[PendingStart]:
         return limits.parse_pending_starts(self._run(["squeue", "--all", "--start", "--noheader",
                                                       "--format=" + limits.START_FORMAT]))
+
+    def usage_history(self, since: datetime) -> list[UsageRecord]:
+        """Finished GPU jobs of every user since ``since``: how much of their time limit they used."""
+        return limits.parse_usage(self._run(["sacct", "--allusers", "-X", "--parsable2", "--noheader",
+                                             "--starttime", since.astimezone().strftime("%Y-%m-%dT%H:%M:%S"),
+                                             "--format=" + ",".join(limits.USAGE_FIELDS)]))

@@ -24,6 +24,7 @@ ASSOC_CMD = "sacctmgr show assoc"
 QOS_CMD = "sacctmgr show qos"
 USER_CMD = "sacctmgr show user"
 START_CMD = "squeue --start"
+USAGE_CMD = "sacct --allusers -X"
 
 #: ``format=`` of the sacctmgr queries, in the column order the parsers expect.
 ASSOC_FIELDS = ("Account", "User", "Partition", "QOS", "DefaultQOS", "MaxTRES", "GrpTRES", "MaxJobs", "MaxWall")
@@ -31,6 +32,8 @@ QOS_FIELDS = ("Name", "Priority", "MaxTRESPU", "MaxTRES", "GrpTRES", "MaxJobsPU"
 USER_FIELDS = ("User", "DefaultAccount")
 #: ``--format=`` of ``squeue --start``: job id, expected start, scheduled nodes, reason.
 START_FORMAT = "%A|%S|%Y|%r"
+#: ``--format=`` of the sacct history that says how much of their time limit jobs really use.
+USAGE_FIELDS = ("User", "Partition", "State", "ElapsedRaw", "TimelimitRaw", "AllocTRES")
 
 _UNLIMITED = frozenset({"UNLIMITED", "INFINITE", "NONE", ""})
 
@@ -382,3 +385,49 @@ def parse_pending_starts(text: str) -> list[PendingStart]:
         out.append(PendingStart(job_id, start, _hosts(nodes, START_CMD, f"job {job_id}"), reason))
     return out
 
+
+
+# --------------------------------------------------------------------------- usage history
+
+
+@dataclass(frozen=True)
+class UsageRecord:
+    """One finished GPU job from sacct history: how much of its time limit it used."""
+
+    user: str
+    partition: str
+    elapsed_s: float
+    limit_s: float
+
+
+#: States of jobs that did not end by themselves or never ran; they say nothing about how long jobs run.
+_NOT_ENDED = frozenset({"RUNNING", "PENDING", "REQUEUED", "RESIZING", "SUSPENDED", "REVOKED"})
+
+
+def parse_usage(text: str) -> list[UsageRecord]:
+    """Parse ``sacct --allusers -X --parsable2 --noheader --format=<USAGE_FIELDS>``.
+
+    Keeps finished jobs that held GPUs, ran, and had a finite limit (TimelimitRaw is in
+    minutes; ``UNLIMITED`` and ``Partition_Limit`` say nothing about a fraction).
+    """
+    out = []
+    for number, row in enumerate(_pipe_rows(text, USAGE_FIELDS, USAGE_CMD), 1):
+        state = row["State"].split()[0] if row["State"].strip() else ""
+        where = f"job of {row['User'] or '?'} in row {number}"
+        try:
+            elapsed = float(row["ElapsedRaw"])
+        except ValueError:
+            raise SlurmOutputError(f"{USAGE_CMD}: cannot read ElapsedRaw {row['ElapsedRaw']!r} of {where}") from None
+        limit_text = row["TimelimitRaw"].strip()
+        if not limit_text.isdigit():
+            if limit_text in ("UNLIMITED", "Partition_Limit", ""):
+                continue
+            raise SlurmOutputError(f"{USAGE_CMD}: cannot read TimelimitRaw {limit_text!r} of {where}")
+        try:
+            gpus = parse_tres(row["AllocTRES"]).get("gres/gpu", 0.0) if row["AllocTRES"].strip() else 0.0
+        except SlurmOutputError as exc:
+            raise SlurmOutputError(f"{USAGE_CMD}: {exc} in AllocTRES of {where}") from None
+        if state in _NOT_ENDED or elapsed <= 0 or int(limit_text) == 0 or gpus <= 0:
+            continue
+        out.append(UsageRecord(row["User"], row["Partition"], elapsed, int(limit_text) * 60.0))
+    return out

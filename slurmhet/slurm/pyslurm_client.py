@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 from slurmhet.cluster import Node
 from slurmhet.slurm.client import SlurmCli
-from slurmhet.slurm.limits import AssocRecord, PartitionRecord, PendingStart, QosRecord, ReservationRecord
+from slurmhet.slurm.limits import AssocRecord, PartitionRecord, PendingStart, QosRecord, ReservationRecord, UsageRecord
 from slurmhet.slurm.parsers import AccountingRecord, QueueRecord, SlurmJobId, parse_gres, parse_tres
 
 
@@ -69,6 +69,9 @@ class PyslurmClient:
 
     def pending_starts(self) -> list[PendingStart]:
         return self.cli.pending_starts()
+
+    def usage_history(self, since: datetime) -> list[UsageRecord]:
+        return self.cli.usage_history(since)
 
     def nodes(self) -> list[Node]:
         out = []
