@@ -1,0 +1,153 @@
+"""From what Slurm said to the planner's capacity facts (slurmhet/slurm/world.py), on hand-made records."""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta, timezone
+
+import pytest
+
+from slurmhet.cluster import Node
+from slurmhet.slurm.limits import (AssocRecord, PartitionRecord, PendingStart, QosRecord, ReservationRecord,
+                                   UsageRecord)
+from slurmhet.slurm.parsers import QueueRecord
+from slurmhet.slurm.world import (
+    MIN_HISTORY, SlurmWorld, access_of, gpu_use, limit_fractions, open_world,
+)
+
+T0 = datetime(2026, 11, 25, 12, 0, tzinfo=timezone.utc)
+NOW = T0.timestamp()
+NODES = (Node("nodea", {"v100": 4}), Node("nodeb", {"t4": 4}), Node("nodec", {"k80": 2}))
+TAG = "store1"
+
+
+def partition(name: str, nodes: tuple[str, ...], *, default: bool = False, allow_accounts: tuple[str, ...] | None = None,
+              state: str = "UP") -> PartitionRecord:
+    return PartitionRecord(name=name, nodes=nodes, state=state, default=default, max_time_s=None,
+                           allow_accounts=allow_accounts, deny_accounts=(), allow_groups=None, allow_qos=None,
+                           deny_qos=(), priority_tier=1, root_only=False)
+
+
+PARTS = (partition("gpu", ("nodea", "nodeb", "nodec"), default=True), partition("v100", ("nodea",)),
+         partition("t4", ("nodeb",)), partition("k80", ("nodec",), allow_accounts=("ml",)))
+
+
+def qos(name: str, per_user: float | None = None) -> QosRecord:
+    return QosRecord(name=name, priority=0, max_tres_per_user={"gres/gpu": per_user} if per_user else {},
+                     max_tres_per_job={}, grp_tres={}, max_jobs_per_user=None, max_wall_s=None)
+
+
+def assoc(account: str, user: str, default_qos: str = "normal", partition: str = "") -> AssocRecord:
+    return AssocRecord(account=account, user=user, partition=partition, qos=(default_qos,), default_qos=default_qos,
+                       max_tres={}, grp_tres={}, max_jobs=None, max_wall_s=None)
+
+
+def record(job_id: str, state: str, *, user: str = "alice", comment: str = "", gpus: tuple = (),
+           request: tuple = (), start: datetime | None = None, limit_s: float | None = 3600.0,
+           reason: str = "None", part: str = "gpu") -> QueueRecord:
+    return QueueRecord(job_id=job_id, het_job_id=None, het_offset=None, array_job_id=None, array_task=None,
+                       name="x", state=state, reason=reason, comment=comment, user=user, nodes="", start=start,
+                       partition=part, time_limit_s=limit_s, gpus=gpus, gpu_request=request)
+
+
+def world(queue: tuple = (), **kw: object) -> SlurmWorld:
+    base = dict(nodes=NODES, queue=queue, partitions=PARTS, assocs=(assoc("slurmhet", "root"),),
+                qos=(qos("normal"), qos("gpu2", 2)), default_account="slurmhet")
+    base.update(kw)
+    return SlurmWorld(**base)  # type: ignore[arg-type]
+
+
+def test_access_leaves_out_partitions_the_account_may_not_use_and_the_types_only_they_hold() -> None:
+    w = world(partitions=(PARTS[1], PARTS[2], PARTS[3]))
+    access = access_of(w, "root", ())
+    assert access.partitions == ("v100", "t4") and access.types == ("t4", "v100")
+    assert "AllowAccounts" in access.refused["k80"]
+    assert access.gpu_cap is None
+
+
+def test_access_takes_the_gpu_cap_of_the_users_default_qos_and_names_it() -> None:
+    w = world(assocs=(assoc("capped", "bob", "gpu2"),), default_account="capped")
+    access = access_of(w, "bob", ())
+    assert access.gpu_cap == 2 and "QOS gpu2" in access.cap_source
+
+
+def test_without_accounting_every_open_partition_is_usable_and_nothing_is_capped() -> None:
+    w = world(assocs=(), qos=(), default_account="", accounting=False,
+              partitions=(PARTS[0], partition("down", ("nodea",), state="DOWN")))
+    access = access_of(w, "root", ())
+    assert access.partitions == ("gpu",) and "DOWN" in access.refused["down"] and access.gpu_cap is None
+
+
+def test_a_type_goes_to_its_own_partition_before_the_default_one() -> None:
+    w = world()
+    access = access_of(w, "root", ())
+    assert access.partition_for("v100", w) == "v100"
+    w = world(partitions=(PARTS[0],))
+    assert access_of(w, "root", ()).partition_for("t4", w) == "gpu"
+
+
+def test_a_running_foreign_job_holds_its_gpus_until_start_plus_time_limit() -> None:
+    started = T0 - timedelta(minutes=10)
+    w = world((record("7", "RUNNING", gpus=(("nodea", "v100", 4),), start=started),
+               record("8", "RUNNING", comment=f"slurmhet:3@{TAG}", gpus=(("nodeb", "t4", 1),), start=started)))
+    facts = open_world(w, TAG, access_of(w, "root", ()), NOW)
+    (hold,) = facts.holds  # our own job is not a hold: the store pins it
+    assert (hold.node, hold.gpu_type, hold.count, hold.kind) == ("nodea", "v100", 4, "job")
+    assert hold.end_s == pytest.approx(started.timestamp() + 3600) and not hold.estimated
+    assert "job 7 (alice" in hold.owner
+
+
+def test_history_shortens_a_foreign_jobs_expected_end_as_a_labelled_estimate() -> None:
+    started = T0 - timedelta(minutes=10)
+    history = tuple(UsageRecord("alice", "gpu", 900.0, 3600.0) for _ in range(MIN_HISTORY))
+    w = world((record("7", "RUNNING", gpus=(("nodea", "v100", 4),), start=started),), history=history)
+    (hold,) = open_world(w, TAG, access_of(w, "root", ()), NOW).holds
+    assert hold.estimated and hold.end_s == pytest.approx(started.timestamp() + 900)
+    # Past its estimate, a job is expected to end within a minute, never after its limit.
+    late = T0 - timedelta(minutes=59, seconds=30)
+    w = world((record("7", "RUNNING", gpus=(("nodea", "v100", 4),), start=late),), history=history)
+    (hold,) = open_world(w, TAG, access_of(w, "root", ()), NOW).holds
+    assert hold.end_s == pytest.approx(late.timestamp() + 3600)
+    assert limit_fractions(history[:-1]) == {}
+
+
+def test_pending_foreign_jobs_queue_ahead_where_slurm_slated_them_or_first_in_line() -> None:
+    w = world((record("9", "PENDING", request=(("v100", 2),), reason="Resources"),
+               record("10", "PENDING", request=((None, 1),), reason="Priority", part="t4"),
+               record("11", "PENDING", request=(("v100", 1),), reason="Dependency")),
+              starts={"9": PendingStart("9", T0 + timedelta(minutes=5), ("nodea",), "Resources")})
+    facts = open_world(w, TAG, access_of(w, "root", ()), NOW)
+    (slated,) = facts.holds
+    assert (slated.node, slated.gpu_type, slated.count, slated.kind) == ("nodea", "v100", 2, "pending")
+    assert slated.start_s == pytest.approx(NOW + 300) and slated.end_s == pytest.approx(NOW + 300 + 3600)
+    (ahead,) = facts.ahead  # job 11 waits for its dependency: it takes nothing
+    assert ahead.gpu_types == ("t4",) and ahead.count == 1 and ahead.duration_s == pytest.approx(3600)
+
+
+def test_a_reservation_the_user_may_not_use_holds_its_nodes_for_its_span() -> None:
+    res = ReservationRecord(name="maint", nodes=("nodeb",), start=T0 - timedelta(minutes=1),
+                            end=T0 + timedelta(hours=1), users=("alice",), accounts=(), flags=(), state="ACTIVE")
+    w = world(reservations=(res,))
+    (hold,) = open_world(w, TAG, access_of(w, "root", ()), NOW).holds
+    assert (hold.node, hold.gpu_type, hold.count, hold.owner) == ("nodeb", "t4", 4, "reservation maint")
+    assert hold.end_s == pytest.approx(NOW + 3600)
+    assert open_world(w, TAG, access_of(w, "alice", ()), NOW).holds == ()
+
+
+def test_gpu_use_counts_ours_others_reserved_and_free_per_partition_and_type() -> None:
+    res = ReservationRecord(name="maint", nodes=("nodec",), start=T0 - timedelta(minutes=1),
+                            end=T0 + timedelta(hours=1), users=("alice",), accounts=(), flags=(), state="ACTIVE")
+    w = world((record("7", "RUNNING", gpus=(("nodea", "v100", 3),), start=T0),
+               record("8", "RUNNING", comment=f"slurmhet:3@{TAG}", gpus=(("nodea", "v100", 1),), start=T0)),
+              reservations=(res,))
+    use = {(u.partition, u.gpu_type): u for u in gpu_use(w, TAG, NOW)}
+    v100 = use[("v100", "v100")]
+    assert (v100.total, v100.slurmhet, v100.others, v100.reserved, v100.free) == (4, 1, 3, 0, 0)
+    assert use[("gpu", "k80")].reserved == 2 and use[("gpu", "k80")].free == 0
+    assert use[("gpu", "t4")].free == 4
+
+
+def test_a_foreign_job_without_a_time_limit_holds_with_no_known_end() -> None:
+    w = world((record("7", "RUNNING", gpus=(("nodea", "v100", 4),), start=T0, limit_s=None),))
+    (hold,) = open_world(w, TAG, access_of(w, "root", ()), NOW).holds
+    assert math.isinf(hold.end_s)
