@@ -146,7 +146,7 @@ class OpenWorld:
 
     def held(self, at: float, horizon: float = 0.0) -> list[Hold]:
         """Holds that take their GPUs at ``at``: active then, or starting before ``at + horizon``."""
-        return [h for h in self.holds if h.start_s < at + max(horizon, 0.0) + 1e-9 and h.end_s > at]
+        return [h for h in self.holds if h.start_s <= at + max(horizon, 0.0) and h.end_s > at]
 
 
 def parse_cluster_spec(text: str, gpus_per_node: int = 4) -> Inventory:

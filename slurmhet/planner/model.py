@@ -191,6 +191,8 @@ class JobPlan:
     needs_mps: bool = False
     wait_reason: str | None = None
     priors: tuple[str, ...] = ()
+    #: A waiting job's GPU types at its predicted start (what it waits for); () when placed.
+    waits_on: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -326,7 +328,7 @@ def equal_share_seconds(job: PlanJob, rates_all_gpus: float, gpus: int, jobs: in
 
 
 def plan_job_from_spec(job_id: str, spec: JobSpec, submitted_at: float, *, samples_done: float = 0.0,
-                       current: Allocation | None = None, startup_s: float = 0.0) -> PlanJob:
+                       current: Allocation | None = None, user: str = "", startup_s: float = 0.0) -> PlanJob:
     """Turn a user's JobSpec into a PlanJob (pure).
 
     DDP all-reduces every step, so one sync per ``global_batch`` samples;
@@ -357,7 +359,7 @@ def plan_job_from_spec(job_id: str, spec: JobSpec, submitted_at: float, *, sampl
             global_batch=spec.global_batch, model_size_mb=float(size), samples_per_sync=per_sync,
             samples_per_epoch=epoch, sync=spec.sync, min_gpus=spec.gpus.min, max_gpus=spec.gpus.max,
             allowed_types=spec.gpus.types, weight=spec.weight, priority=spec.priority, colocate=spec.colocate,
-            gpu_memory_gb=spec.gpu_memory_gb, submitted_at=submitted_at, current=current,
+            gpu_memory_gb=spec.gpu_memory_gb, submitted_at=submitted_at, current=current, user=user,
             startup_s=startup_s if current is None else 0.0,
         )
     except InputError as exc:

@@ -343,7 +343,8 @@ def _list_schedule(waiting: list[PlanJob], plans: dict[str, JobPlan], rates: dic
         counts = {("(at start)", types[i]): int(c) for i, c in enumerate(take) if c}
         plan = _job_plan(job, Allocation.of(counts), rates[job.id], inp, order, priors[job.id], start=clock)
         out.append(JobPlan(**{**plan.__dict__, "allocation": None, "shard_weights": (),
-                              "wait_reason": waits_for.get(job.id, reason)}))
+                              "wait_reason": waits_for.get(job.id, reason),
+                              "waits_on": tuple(sorted(types[i] for i, c in enumerate(take) if c))}))
         order += 1
         if reason.endswith("(WSPT order)"):
             timeline.hold(clock, plan.finish_s, {types[i]: int(c) for i, c in enumerate(take) if c}, job.user)
