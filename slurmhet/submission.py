@@ -15,9 +15,9 @@ import pwd
 import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
-from slurmhet.cluster import Inventory
+from slurmhet.cluster import Inventory, OpenWorld
 from slurmhet.config import Settings
 from slurmhet.emit.from_plan import EmitSettings, pack_parts, requests_for
 from slurmhet.emit.multipart import MultiPartOutcome, MultiPartSubmitter, Part
@@ -30,6 +30,7 @@ from slurmhet.slurm.client import SlurmClient
 from slurmhet.slurm.parsers import QueueRecord
 from slurmhet.slurm.profile import SiteProfile
 from slurmhet.slurm.runner import SlurmCommandError, SlurmRunner
+from slurmhet.shared_cluster import SharedCluster, check_access, narrowed, read_shared, within_reach
 from slurmhet.spec import JobSpec, check_against_cluster, parse_job
 from slurmhet.startup import StartupCosts, learned_startup
 from slurmhet.store import Database, Job, JobState, SlurmJob, add_event, create_job, get_job, list_jobs
@@ -68,10 +69,13 @@ def job_environment(settings: Settings, inventory: Inventory) -> tuple[tuple[str
     return tuple(env)
 
 
-def emit_settings(settings: Settings, store_tag: str, inventory: Inventory) -> EmitSettings:
+def emit_settings(settings: Settings, store_tag: str, inventory: Inventory,
+                  partitions: Mapping[str, str] | None = None) -> EmitSettings:
+    """How parts are written; ``partitions`` maps a GPU type to the partition its jobs go to."""
     slurmhet = (sys.executable, "-m", "slurmhet")
     return EmitSettings(log_dir=str(settings.log_dir), launcher=(*slurmhet, "run", "--"), slurmhet=slurmhet,
                         partition=settings.slurm.partition, pack_sharing="auto", store_tag=store_tag,
+                        partitions=dict(partitions or {}),
                         env=job_environment(settings, inventory),
                         # A consolidation ends by planning the next round at once; cron catches up otherwise.
                         after_consolidation=(*slurmhet, "replan", "--once"))
@@ -182,10 +186,14 @@ def unplaceable(candidates: Sequence[Candidate], inventory: Inventory) -> dict[i
 
 
 def plan_for(candidates: Sequence[Candidate], inventory: Inventory, table: ThroughputTable, policy: str,
-             now: float, progress: Progress | None = None, startup: StartupCosts | None = None) -> Plan:
+             now: float, progress: Progress | None = None, shared: SharedCluster | None = None,
+             only: Mapping[int, tuple[str, ...]] | None = None, startup: StartupCosts | None = None) -> Plan:
     """Run the chosen planner over every candidate; placed jobs stay pinned, unplaceable ones wait.
 
     ``startup`` is charged to every job not placed yet (None: no start-up cost).
+
+    On a shared cluster the planner gets its capacity facts, and the caller's jobs only the GPU
+    types the caller may reach; ``only`` keeps some jobs to some types (the move rule's what-ifs).
     """
     if policy not in POLICIES:
         raise InputError(f"unknown policy {policy!r}", place="--policy", hint="one of " + ", ".join(POLICIES))
@@ -201,11 +209,14 @@ def plan_for(candidates: Sequence[Candidate], inventory: Inventory, table: Throu
         if c.pack is not None:
             first_of_pack.setdefault(c.pack, c.job_id)
     candidates = [c for c in candidates if c.pack is None or first_of_pack[c.pack] == c.job_id]
-    jobs = tuple(plan_job_from_spec(str(c.job_id), c.spec, c.submitted_at, samples_done=c.samples_done,
-                                    current=c.current, startup_s=startup.for_spec(c.spec)[0] if startup else 0.0)
+    reach = within_reach({c.job_id: c.owner for c in candidates}, shared, only)
+    jobs = tuple(narrowed(plan_job_from_spec(str(c.job_id), c.spec, c.submitted_at, samples_done=c.samples_done,
+                                             current=c.current, user=c.owner,
+                                             startup_s=startup.for_spec(c.spec)[0] if startup else 0.0),
+                             reach.get(c.job_id), usable)
                  for c in candidates)
     try:
-        inp = PlanningInput(jobs, usable, table, now=now)
+        inp = PlanningInput(jobs, usable, table, now=now, world=shared.facts if shared else OpenWorld())
         return POLICIES[policy](QUEUE_PREPARE.get(policy, lambda given: given)(inp), progress=progress)
     except InputError as exc:
         # Planner errors name the planner's job id; users know their jobs by name and spec line.
@@ -224,7 +235,7 @@ def plan_record(job_plan: JobPlan, policy: str, startup: tuple[float, bool] = (0
         "policy": policy, "slots": [list(s) for s in alloc.slots] if alloc else None,
         "shard_weights": list(job_plan.shard_weights), "order": job_plan.order, "start_s": job_plan.start_s,
         "finish_s": job_plan.finish_s, "jct_s": job_plan.jct_s, "colocation_group": job_plan.colocation_group,
-        "wait_reason": job_plan.wait_reason, "priors": list(job_plan.priors),
+        "wait_reason": job_plan.wait_reason, "waits_on": list(job_plan.waits_on), "priors": list(job_plan.priors),
         "startup_s": startup[0], "startup_prior": startup[1],
         "emulated": os.environ.get("SLURMHET_EMULATE_THROUGHPUT") == "1",
     }
@@ -264,13 +275,13 @@ def describe(alloc: Allocation | None) -> str:
 def dispatches(plan: Plan, ready: dict[int, JobSpec], profile: SiteProfile, settings: Settings,
                inventory: Inventory, store_tag: str = "", *, table: ThroughputTable | None = None,
                steps_done: dict[int, int] | None = None, rounds: dict[int, int] | None = None,
-               busy_nodes: frozenset[str] = frozenset()) -> list[Dispatch]:
+               busy_nodes: frozenset[str] = frozenset(), partitions: Mapping[str, str] | None = None) -> list[Dispatch]:
     """Parts for every ready job the plan places now; co-location groups become one pack each.
 
     With ``table``, HadarE's Job Forker offers the GPUs the plan leaves idle to forkable jobs;
     a job it forks is emitted as copies (arrays + a consolidation) for round ``rounds[job]``.
     """
-    emit = emit_settings(settings, store_tag, inventory)
+    emit = emit_settings(settings, store_tag, inventory, partitions)
     forks = job_forker(plan, inventory, table, ready, steps_done=steps_done, rounds=rounds, round_s=fork_round_s(),
                        busy_nodes=busy_nodes) if table is not None else {}
     out: list[Dispatch] = []
@@ -433,12 +444,20 @@ class Dispatcher:
 def submit_new(db: Database | None, dispatcher_args: tuple[SlurmClient, SiteProfile, Settings, SlurmRunner],
                specs: Sequence[tuple[JobSpec, str]], inventory: Inventory, dry_run: bool,
                progress: Progress | None = None) -> list[Outcome]:
-    """`slurmhet submit`: store the new jobs, plan them with every unplaced job, submit what starts now."""
+    """`slurmhet submit`: store the new jobs, plan them with every unplaced job, submit what starts now.
+
+    The shared cluster is read first: a spec the user cannot run here is refused before anything is stored.
+    """
     client, profile, settings, runner = dispatcher_args
     for spec, _ in specs:
         check_against_cluster(spec, inventory.usable())
     table = throughput_table(settings)
     now = datetime.now(timezone.utc).timestamp()
+    owner = current_user()
+    shared = read_shared(client, client.queue(), db.instance if db is not None else "", owner, now,
+                         [spec for spec, _ in specs])
+    for spec, _ in specs:
+        check_access(spec, shared)
     if dry_run:
         existing: list[Candidate] = []
         startup = StartupCosts()
@@ -446,16 +465,16 @@ def submit_new(db: Database | None, dispatcher_args: tuple[SlurmClient, SiteProf
             with db.transaction() as session:
                 existing = [candidate_of(j) for j in list_jobs(session, states=UNPLACED + PLACED)]
                 startup = learned_startup(session)
-        fresh = [Candidate(-(i + 1), spec, now) for i, (spec, _) in enumerate(specs)]
-        plan = plan_for(existing + fresh, inventory, table, settings.default_policy, now, progress,
+        fresh = [Candidate(-(i + 1), spec, now, owner=owner) for i, (spec, _) in enumerate(specs)]
+        plan = plan_for(existing + fresh, inventory, table, settings.default_policy, now, progress, shared,
                         startup=startup)
         ready = {c.job_id: c.spec for c in fresh}
         rendered = {d.job_ids[0]: render_parts(d.parts)
-                    for d in dispatches(plan, ready, profile, settings, inventory, table=table)}
+                    for d in dispatches(plan, ready, profile, settings, inventory, table=table,
+                                        partitions=shared.partitions())}
         return [Outcome(c.job_id, c.spec.name, "DRY_RUN", [], describe(plan.job(str(c.job_id)).allocation),
                         plan.job(str(c.job_id)).wait_reason or "", rendered.get(c.job_id, [])) for c in fresh]
     assert db is not None
-    owner = current_user()
     with db.transaction() as session:
         new_ids = [create_job(session, spec, owner, source).id for spec, source in specs]
     with dispatch_lock(db, settings.state_dir, owner, wait=True):
@@ -463,6 +482,7 @@ def submit_new(db: Database | None, dispatcher_args: tuple[SlurmClient, SiteProf
         # and refresh from Slurm so finished jobs no longer hold GPUs in the plan. Slurm is asked
         # before the write transaction, so other commands are not kept waiting for the store.
         view, queue = ask_slurm(db, client, UNPLACED + PLACED)
+        shared = read_shared(client, queue, db.instance, owner, now, [spec for spec, _ in specs])
         with db.transaction() as session:
             jobs = list_jobs(session, states=UNPLACED + PLACED)
             sync_jobs(session, jobs, view)
@@ -480,7 +500,7 @@ def submit_new(db: Database | None, dispatcher_args: tuple[SlurmClient, SiteProf
         pending = [(i, spec) for i, spec in zip(new_ids, specs) if i not in already]
         outcomes = _plan_and_dispatch(db, (client, profile, settings, runner), existing, [i for i, _ in pending],
                                       [spec for _, spec in pending], owner, inventory, table, now, progress, rounds,
-                                      startup)
+                                      shared, queue, startup)
         by_id = {o.job_id: o for o in outcomes} | already
         return [by_id[i] for i in new_ids]
 
@@ -489,10 +509,12 @@ def _plan_and_dispatch(db: Database, dispatcher_args: tuple[SlurmClient, SitePro
                        existing: list[Candidate], new_ids: list[int], specs: Sequence[tuple[JobSpec, str]],
                        owner: str, inventory: Inventory, table: ThroughputTable, now: float,
                        progress: Progress | None, rounds: dict[int, int] | None = None,
+                       shared: SharedCluster | None = None, queue: Sequence[QueueRecord] = (),
                        startup: StartupCosts | None = None) -> list[Outcome]:
     client, profile, settings, runner = dispatcher_args
     fresh = [Candidate(i, spec, now, owner=owner) for i, (spec, _) in zip(new_ids, specs)]
-    plan = plan_for(existing + fresh, inventory, table, settings.default_policy, now, progress, startup=startup)
+    plan = plan_for(existing + fresh, inventory, table, settings.default_policy, now, progress, shared,
+                    startup=startup)
     # Everyone's jobs shape the plan; only the caller's own are submitted (sbatch runs as the caller).
     unplaced = [c for c in existing if c.current is None and c.owner == owner] + fresh
     dispatcher = Dispatcher(db, client, profile, settings, runner)
@@ -506,7 +528,8 @@ def _plan_and_dispatch(db: Database, dispatcher_args: tuple[SlurmClient, SitePro
         steps_done.update({i: done.get(str(i), 0) for i in rounds})
     for dispatch in dispatches(plan, {c.job_id: c.spec for c in unplaced}, profile, settings, inventory,
                                db.instance, table=table, steps_done=steps_done, rounds=rounds,
-                               busy_nodes=foreign_gpu_nodes(client.queue(), db.instance)):
+                               busy_nodes=foreign_gpu_nodes(queue, db.instance),
+                               partitions=shared.partitions() if shared else None):
         for outcome in dispatcher.submit(dispatch, plan):
             results[outcome.job_id] = outcome
     waiting = unplaceable(fresh, inventory)
