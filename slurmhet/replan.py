@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Sequence
 
 from sqlalchemy import select
@@ -27,10 +26,11 @@ from slurmhet.slurm.client import SlurmClient
 from slurmhet.slurm.profile import SiteProfile
 from slurmhet.slurm.runner import SlurmRunner
 from slurmhet.spec import parse_job
-from slurmhet.startup import fold_startup, learned_startup
+from slurmhet.startup import StartupCosts, fold_startup, learned_startup
 from slurmhet.store import Database, Job, JobState, SlurmJob, add_event, list_jobs
 from slurmhet.store.lock import dispatch_lock
 from slurmhet.store.models import ClusterSnapshot, ProgressMark, ThroughputObservation
+from slurmhet.shared_cluster import SharedCluster, read_shared
 from slurmhet.submission import (PLACED, UNPLACED, Candidate, Dispatcher, candidate_of, describe, dispatches,
                                  foreign_gpu_nodes, next_round, plan_for, render_parts, stored_allocation,
                                  throughput_table, unplaceable)
@@ -41,6 +41,15 @@ from slurmhet.throughput import ThroughputEntry, ThroughputTable, canonical_key
 MAX_SUBMIT_ATTEMPTS = 5
 #: A throughput estimate moving by more than this fraction is a reset event (seed 001 III-C).
 THROUGHPUT_SHIFT = 0.2
+#: Slurm pending reasons that another GPU type can cure. Any other (QOSMaxGRESPerUser, AssocGrpGRES,
+#: ReqNodeNotAvail in a reservation, BeginTime, Dependency, held jobs) is left alone and shown in status.
+MOVABLE_REASONS = frozenset({"Resources", "Priority"})
+#: Hysteresis of the move rule: another type must finish a pending job at least this many seconds
+#: sooner, and by at least MOVE_SHARE of its time left where it waits, so jobs do not flap.
+MOVE_MARGIN_S = 60.0
+MOVE_SHARE = 0.2
+#: Part roles one pending job may be moved out of (packs, arrays and their consolidations stay put).
+_MOVABLE_ROLES = frozenset({"batch", "het", "adopted"})
 
 
 @dataclass
@@ -137,6 +146,77 @@ def displaced(job: Job, inventory: Inventory) -> bool:
         return False
     usable = {n.name for n in inventory.usable().nodes}
     return any(node not in usable for node, _, _ in alloc.slots)
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """One of the caller's jobs that is pending in Slurm and has never started."""
+
+    job_id: int
+    slurm_job_ids: tuple[str, ...]
+    types: tuple[str, ...]
+    reason: str
+
+
+def waiting_in_slurm(job: Job) -> Waiting | None:
+    """The job as a candidate for the move rule, or None when it started, runs, or is not a plain pending job."""
+    parts = [p for p in job.slurm_jobs if p.role != "superseded"]
+    alloc = stored_allocation(job)
+    if job.state is not JobState.SUBMITTED or job.started_at is not None or not parts or alloc is None:
+        return None
+    if any(p.state != "PENDING" or p.started_at is not None or p.role not in _MOVABLE_ROLES for p in parts):
+        return None
+    return Waiting(job.id, tuple(sorted({p.slurm_job_id for p in parts})), tuple(sorted(alloc.by_type())),
+                   ",".join(sorted({p.reason for p in parts if p.reason})))
+
+
+@dataclass(frozen=True)
+class Move:
+    """The move rule's verdict on one pending job: where it finishes if it stays, and if it moves."""
+
+    job_id: int
+    slurm_job_ids: tuple[str, ...]
+    stay_finish_s: float
+    move_finish_s: float
+    #: The types it may go to (allowed, reachable, not where it waits) and those the plan chose.
+    elsewhere: tuple[str, ...]
+    to: str
+
+
+def judge_moves(waiting: Sequence[Waiting], candidates: Sequence[Candidate], inventory: Inventory,
+                table: ThroughputTable, policy: str, now: float, shared: SharedCluster,
+                startup: StartupCosts | None = None) -> list[Move]:
+    """Which pending jobs another allowed GPU type finishes sooner, by the margin (pure, two plans per job).
+
+    Staying finishes at Slurm's expected start (``squeue --start``; else the plan's predicted start on
+    the job's own types) plus its run time there; moving, at the plan's predicted finish with the job
+    unplaced and kept off its current types. Only reasons in MOVABLE_REASONS are judged.
+    """
+    out = []
+    for wait in waiting:
+        if not wait.reason or not set(wait.reason.split(",")) <= MOVABLE_REASONS:
+            continue
+        others = [c for c in candidates if c.job_id != wait.job_id]
+        mine = next((c for c in candidates if c.job_id == wait.job_id), None)
+        if mine is None:
+            continue
+        free = replace(mine, current=None)
+        allowed = mine.spec.gpus.types or inventory.gpu_types
+        elsewhere = tuple(t for t in allowed if t not in wait.types)
+        if not elsewhere:
+            continue
+        stay = plan_for([*others, free], inventory, table, policy, now, shared=shared,
+                        only={wait.job_id: wait.types}, startup=startup).job(str(wait.job_id))
+        slurm_starts = [shared.world.starts[i].expected_start for i in wait.slurm_job_ids if i in shared.world.starts]
+        known = [s.timestamp() for s in slurm_starts if s is not None]
+        stay_finish = (max(max(known), now) + stay.run_seconds) if known else stay.finish_s
+        move = plan_for([*others, free], inventory, table, policy, now, shared=shared,
+                        only={wait.job_id: elsewhere}, startup=startup).job(str(wait.job_id))
+        gain = stay_finish - move.finish_s
+        if gain >= max(MOVE_MARGIN_S, MOVE_SHARE * (stay_finish - now)):
+            to = "+".join(move.allocation.by_type()) if move.allocation else "/".join(elsewhere)
+            out.append(Move(wait.job_id, wait.slurm_job_ids, stay_finish, move.finish_s, elsewhere, to))
+    return out
 
 
 def round_consolidated(part: SlurmJob, own_slurm_job_id: str | None) -> bool:
@@ -240,18 +320,36 @@ class Replanner:
             result.events += tracked_events
             result.actions += tracked_actions
             rounds = {j.id: next_round(j) for j in mine if j.state in UNPLACED and next_round(j)}
+            waiting = [w for w in (waiting_in_slurm(j) for j in mine) if w is not None]
             live_jobs = [j for j in jobs if not j.state.final]
             candidates = [self._candidate(j, steps) for j in live_jobs]
             retry_capped = {j.id for j in mine if j.state is JobState.SUBMIT_FAILED and j.attempts >= MAX_SUBMIT_ATTEMPTS}
         candidates = [c for c in candidates if c is not None]
         if not candidates:
             return result
-        plan = plan_for(candidates, inventory, table, self.settings.default_policy, now, startup=startup)
+        shared = read_shared(self.client, queue, self.db.instance, self.owner, now,
+                             [c.spec for c in candidates if c.current is None])
+        moves = judge_moves(waiting, candidates, inventory, table, self.settings.default_policy, now, shared,
+                            startup)
+        moved = {m.job_id: m.elsewhere for m in moves}
+        for move in moves:
+            note = (f"job {move.job_id} pending in Slurm {','.join(move.slurm_job_ids)} moves to {move.to}: "
+                    f"finishes ~{move.move_finish_s - now:.0f} s from now there vs ~{move.stay_finish_s - now:.0f} s "
+                    f"where it waits")
+            result.events.append(note)
+            result.actions.append(f"cancel Slurm job(s) {','.join(move.slurm_job_ids)} of job {move.job_id}: {note}")
+            if not dry_run:
+                self._supersede(move, note)
+        # A moved job is planned afresh, kept off the types it waited for (this run's verdict stands).
+        candidates = [replace(c, current=None) if c.job_id in moved else c for c in candidates]
+        plan = plan_for(candidates, inventory, table, self.settings.default_policy, now, shared=shared, only=moved,
+                        startup=startup)
         ready = {c.job_id: c.spec for c in candidates
                  if c.current is None and c.owner == self.owner and c.job_id not in retry_capped}
         work = dispatches(plan, ready, self.profile, self.settings, inventory, self.db.instance, table=table,
                           steps_done={c.job_id: int(c.samples_done // c.spec.global_batch) for c in candidates},
-                          rounds=rounds, busy_nodes=foreign_gpu_nodes(self.client.queue(), self.db.instance))
+                          rounds=rounds, busy_nodes=foreign_gpu_nodes(queue, self.db.instance),
+                          partitions=shared.partitions())
         if dry_run:
             for d in work:
                 alloc = Allocation(d.fork.slots) if d.fork else plan.job(str(d.job_ids[0])).allocation
@@ -269,6 +367,20 @@ class Replanner:
                                       + (f" Slurm {','.join(outcome.slurm_job_ids)}" if outcome.slurm_job_ids else "")
                                       + (f" ({outcome.reason})" if outcome.reason else ""))
         return result
+
+    def _supersede(self, move: Move, note: str) -> None:
+        """Cancel a pending job's Slurm parts and put it back in the store's queue, in that order: a crash in
+        between leaves it SUBMITTED with cancelled parts, which the next sync marks and the next run re-plans."""
+        self.client.cancel(list(move.slurm_job_ids))
+        with self.db.transaction() as session:
+            job = session.get(Job, move.job_id)
+            assert job is not None
+            for part in job.slurm_jobs:
+                if part.role != "superseded":
+                    part.role, part.state = "superseded", "CANCELLED"
+            job.state, job.reason = JobState.PENDING, f"moved: {note}"
+            add_event(session, job, "reset", note, slurm_job_ids=list(move.slurm_job_ids),
+                      stay_finish_s=move.stay_finish_s, move_finish_s=move.move_finish_s, to=move.to)
 
     @staticmethod
     def _workload(job: Job) -> str:
