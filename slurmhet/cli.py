@@ -7,6 +7,7 @@ import importlib.util
 import json
 import os
 import sys
+from datetime import datetime, timezone
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Sequence
@@ -24,6 +25,7 @@ from slurmhet.slurm.client import SlurmCli, SlurmClient
 from slurmhet.slurm.parsers import SlurmOutputError
 from slurmhet.slurm.profile import SiteProfile, load_profile
 from slurmhet.slurm.runner import SlurmCommandError, SubprocessRunner
+from slurmhet.slurm.world import read_world
 from slurmhet.store import Database, JobState, list_jobs, get_job, add_event
 
 #: A pipe or a file gets whole tables (rich would cut every cell to fit 80 columns: `make demo`'s report
@@ -126,12 +128,34 @@ def validate(files: tuple[str, ...]) -> None:
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.pass_obj
 def cluster(obj: Context, as_json: bool) -> None:
-    """GPU types x nodes x counts, read from the live cluster."""
-    inventory = obj.inventory()
+    """GPU types x nodes x counts from the live cluster, and per partition who holds them, with your limits."""
+    from slurmhet.slurm.world import access_of, gpu_use
+    from slurmhet.shared_cluster import user_groups
+    from slurmhet.submission import current_user
+
+    user = current_user()
+    world = read_world(obj.client, user)
+    inventory = world.inventory
+    access = access_of(world, user, user_groups(user))
+    use = gpu_use(world, obj.db.instance, datetime.now(timezone.utc).timestamp())
+    others: dict[str, int] = {}
+    for record in world.queue:
+        if record.state in ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED") and \
+                not record.comment.endswith(f"@{obj.db.instance}"):
+            for _, gpu_type, count in record.gpus:
+                others[gpu_type] = others.get(gpu_type, 0) + count
+    limits = {"accounting": world.accounting, "user": user, "account": access.account, "qos": access.qos,
+              "gpu_cap": access.gpu_cap, "gpu_cap_source": access.cap_source, "job_gpu_cap": access.job_gpu_cap,
+              "partitions": list(access.partitions), "refused": dict(access.refused), "gpu_types": list(access.types)}
     if as_json:
         _emit_json({"nodes": [{"name": n.name, "gpus": dict(n.gpus), "features": list(n.features), "state": n.state,
                                "mps": n.mps, "shards": n.shards} for n in inventory.nodes],
-                    "gpus_by_type": inventory.gpus_by_type()})
+                    "gpus_by_type": inventory.gpus_by_type(),
+                    "others": {t: others.get(t, 0) for t in inventory.gpu_types},
+                    "partitions": [{"partition": u.partition, "gpu_type": u.gpu_type, "total": u.total,
+                                    "slurmhet": u.slurmhet, "others": u.others, "reserved": u.reserved,
+                                    "free": u.free} for u in use],
+                    "limits": limits})
         return
     types = inventory.gpu_types
     table = Table(title="slurmhet cluster")
@@ -141,6 +165,18 @@ def cluster(obj: Context, as_json: bool) -> None:
         table.add_row(node.name, node.state, *(str(node.gpus.get(t, 0)) for t in types), ",".join(node.features))
     table.add_row("total", "", *(str(inventory.gpus_by_type().get(t, 0)) for t in types), "")
     console.print(table)
+    table = Table(title="GPUs per partition: total / slurmhet / others / reserved / free")
+    for column in ("partition", "type", "total", "slurmhet", "others", "reserved", "free", "you"):
+        table.add_column(column)
+    for u in use:
+        table.add_row(u.partition, u.gpu_type, str(u.total), str(u.slurmhet), str(u.others), str(u.reserved),
+                      str(u.free), "yes" if u.partition in access.partitions else access.refused.get(u.partition, "no"))
+    console.print(table)
+    if not world.accounting:
+        console.print("accounting is off: no associations, QOS limits or job history to read", markup=False)
+    else:
+        cap = f"{access.gpu_cap} GPUs at once ({access.cap_source})" if access.gpu_cap is not None else "no GPU cap"
+        console.print(f"{user}: account {access.account or '-'}, QOS {access.qos}, {cap}", markup=False)
 
 
 @main.command()
@@ -194,12 +230,15 @@ def _visible_jobs(obj: Context, session: Any, all_users: bool) -> list[Any]:
 @click.option("--all", "all_users", is_flag=True, help="every user's jobs (root or admin group)")
 @click.pass_obj
 def status(obj: Context, as_json: bool, all_users: bool) -> None:
-    """Your jobs and their Slurm parts, refreshed from Slurm."""
+    """Your jobs and their Slurm parts, refreshed from Slurm, with why each waiting job waits."""
+    from slurmhet.submission import current_user
     from slurmhet.sync import fetch_view, sync_jobs
 
+    user = current_user()
     with obj.db.snapshot() as session:  # Slurm is asked outside the write transaction
         try:
             view = fetch_view(obj.client, _visible_jobs(obj, session, all_users))
+            world = read_world(obj.client, user)
         except (SlurmCommandError, SlurmOutputError) as exc:
             raise SystemFailure(f"cannot reach Slurm to refresh job states ({exc}); "
                                 "the store was left as it was") from exc
@@ -209,8 +248,9 @@ def status(obj: Context, as_json: bool, all_users: bool) -> None:
         rows = [{
             "id": j.id, "name": j.name, "owner": j.owner, "state": j.state.value, "reason": j.reason,
             "slurm": [{"id": p.slurm_job_id, "role": p.role, "het_offset": p.het_offset, "array_task": p.array_task,
-                       "gpu_type": p.gpu_type, "gpus": p.gpu_count, "state": p.state, "nodes": p.nodes}
-                      for p in j.slurm_jobs],
+                       "gpu_type": p.gpu_type, "gpus": p.gpu_count, "state": p.state, "nodes": p.nodes,
+                       "reason": p.reason} for p in j.slurm_jobs],
+            **_waiting_view(obj, j, world, user),
         } for j in jobs]
     if as_json:
         _emit_json({"jobs": rows})
@@ -219,11 +259,59 @@ def status(obj: Context, as_json: bool, all_users: bool) -> None:
     for column in ("id", "name", "owner", "state", "slurm", "gpus", "nodes", "reason"):
         table.add_column(column)
     for row in rows:
-        parts = row["slurm"]
+        parts = [p for p in row["slurm"] if p["role"] != "superseded"]
+        why = "; ".join(x for x in (row["reason"], row["slurm_reason"] and f"Slurm: {row['slurm_reason']}",
+                                    row["slurm_expected_start"] and f"Slurm expects start {row['slurm_expected_start']}",
+                                    row["planned_start"] and f"plan: start {row['planned_start']}", row["why"]) if x)
         table.add_row(str(row["id"]), row["name"], row["owner"], row["state"],
                       " ".join(p["id"] for p in parts), " ".join(f"{p['gpus']}x{p['gpu_type']}" for p in parts),
-                      " ".join(p["nodes"] for p in parts), row["reason"][:60])
+                      " ".join(p["nodes"] for p in parts), why)
     console.print(table)
+
+
+def _waiting_view(obj: Context, job: Any, world: Any, user: str) -> dict[str, Any]:
+    """Slurm's pending reason and expected start, the plan's start, and why a waiting job waits."""
+    from slurmhet.explain import why_waiting
+    from slurmhet.slurm.world import access_of, open_world
+    from slurmhet.shared_cluster import user_groups
+    from slurmhet.submission import stored_allocation, throughput_table
+
+    out: dict[str, Any] = {"slurm_reason": "", "slurm_expected_start": None, "planned_start": None, "why": ""}
+    parts = [p for p in job.slurm_jobs if p.role != "superseded" and p.state == "PENDING"]
+    out["slurm_reason"] = ",".join(sorted({p.reason for p in parts if p.reason}))
+    starts = [world.starts[p.slurm_job_id].expected_start for p in parts if p.slurm_job_id in world.starts]
+    known = [s for s in starts if s is not None]
+    out["slurm_expected_start"] = min(known).astimezone().isoformat(timespec="seconds") if known else None
+    if job.state.final or job.state.value == "RUNNING" or (job.state.value == "SUBMITTED" and not parts):
+        return out
+    now = datetime.now(timezone.utc).timestamp()
+    planned = (job.plan or {}).get("start_s")
+    if planned is not None:
+        out["planned_start"] = datetime.fromtimestamp(max(planned, job.created_at.timestamp()), timezone.utc
+                                                      ).astimezone().isoformat(timespec="seconds")
+    spec = specmod.parse_job(job.spec, f"store:job {job.id}")
+    inventory = world.inventory
+    access = access_of(world, user, user_groups(user))
+    facts = open_world(world, obj.db.instance, access, now)
+    allowed = [t for t in (spec.gpus.types or inventory.gpu_types) if t in access.types or not access.types]
+    alloc = stored_allocation(job) if parts else None
+    # Pending in Slurm: the types it was submitted to; waiting in slurmhet: the types its plan waits for.
+    planned_types = sorted((job.plan or {}).get("waits_on") or ())
+    waits_on = sorted(alloc.by_type()) if alloc else planned_types or allowed
+    table = throughput_table(obj.settings)
+    rates = {}
+    for gpu_type in allowed:
+        try:
+            rates[gpu_type] = table.rate(spec.workload.key, gpu_type)
+        except InputError:
+            continue
+    ours: dict[str, int] = {}
+    for record in world.queue:
+        if record.state == "RUNNING" and record.comment.endswith(f"@{obj.db.instance}"):
+            for _, gpu_type, count in record.gpus:
+                ours[gpu_type] = ours.get(gpu_type, 0) + count
+    out["why"] = why_waiting(spec.gpus.min, waits_on, allowed, rates, inventory, facts, ours, now)
+    return out
 
 
 @main.command()
