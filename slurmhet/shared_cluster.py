@@ -96,6 +96,13 @@ def check_access(spec: JobSpec, shared: SharedCluster) -> None:
                                                     for a in world.assocs):
             raise InputError(f"job {spec.name!r}: user {access.user} may not use account {account!r}",
                              place=spec.place("sbatch"), hint="sacctmgr show assoc user=$USER lists your accounts")
+        # An association's QOS list (empty: inherited from its parent, which slurmhet does not read).
+        allowed_qos = sorted({q for a in world.assocs if a.user == access.user and a.account == access.account
+                              for q in a.qos if q})
+        if world.accounting and qos and allowed_qos and qos not in allowed_qos:
+            raise InputError(f"job {spec.name!r}: user {access.user} may not use QOS {qos!r} under account "
+                             f"{access.account}", place=spec.place("sbatch"),
+                             hint="allowed QOS: " + ", ".join(allowed_qos))
     partition = spec_option(spec, "partition", "p")
     if partition:
         if partition not in {p.name for p in world.partitions}:

@@ -57,6 +57,12 @@ def test_an_account_the_user_has_no_association_with_is_refused() -> None:
                  shared_for(partitions=PER_TYPE, assocs=(assoc("slurmhet", "root"), assoc("ml", "root"))))
 
 
+def test_a_qos_outside_the_associations_list_is_refused() -> None:
+    check_access(spec(sbatch="['--qos=normal']"), shared_for())
+    err = refused(spec(sbatch="['--qos=gpu2']"), shared_for())
+    assert "may not use QOS 'gpu2' under account slurmhet" in err.cause and err.hint == "allowed QOS: normal"
+
+
 def test_gpu_types_only_closed_partitions_hold_are_refused() -> None:
     err = refused(spec("{min: 1, max: 1, types: [k80]}"), shared_for(partitions=PER_TYPE))
     assert "none of its GPU types (k80)" in err.cause and "AllowAccounts" in err.cause
