@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import time
 from pathlib import Path
@@ -59,6 +61,11 @@ def accounting(slurm_ids: list[str], timeout: float = 60) -> list[AccountingReco
         time.sleep(1.0)
 
 
+def never_ran(record: AccountingRecord) -> bool:
+    """A job cancelled while pending: no nodes, no time (sacct may still print its cancel time as Start)."""
+    return record.elapsed_s == 0 and not record.alloc_tres and record.nodes in ("", "None assigned")
+
+
 ANY_ONE = "{min: 1, max: 1}"
 
 
@@ -76,3 +83,19 @@ def job(name: str, command: list[str], gpus: str = ANY_ONE, extra: str = "") -> 
 def write(path: Path, *jobs: str) -> Path:
     path.write_text("jobs:\n" + textwrap.indent("".join(jobs), "  "))
     return path
+
+
+def user_python(user: str) -> tuple[list[str], dict[str, str]] | None:
+    """How ``user`` can run this slurmhet: this interpreter, or the system one of the same
+    minor version with this venv's packages on PYTHONPATH (the venv's interpreter may live under
+    /root, mode 0700, so other users cannot execute it)."""
+    if subprocess.run(["runuser", "-u", user, "--", sys.executable, "-c", "pass"], capture_output=True,
+                      cwd="/").returncode == 0:
+        return [sys.executable], {}
+    system = shutil.which(f"python{sys.version_info.major}.{sys.version_info.minor}", path="/usr/bin:/usr/local/bin")
+    if system is None:
+        return None
+    env = {"PYTHONPATH": f"{Path(__file__).resolve().parents[2]}:{sysconfig.get_paths()['purelib']}"}
+    probe = subprocess.run(["runuser", "-u", user, "--", "env", f"PYTHONPATH={env['PYTHONPATH']}", system, "-c",
+                            "import slurmhet.cli, psycopg"], capture_output=True, cwd="/")
+    return ([system], env) if probe.returncode == 0 else None

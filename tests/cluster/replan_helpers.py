@@ -22,7 +22,7 @@ from typing import Any, Iterable
 
 from slurmhet.slurm.client import SlurmCli
 from slurmhet.slurm.runner import SubprocessRunner
-from tests.cluster.helpers import ANY_ONE, SLURMHET, cli, job, write
+from tests.cluster.helpers import SLURMHET, cli, job, write
 
 REPO = Path(__file__).resolve().parents[2]
 SLURM = SlurmCli(SubprocessRunner())
@@ -137,10 +137,10 @@ def usable_gpus() -> int:
     return sum(sum(n.gpus.values()) for n in SLURM.nodes() if n.available)
 
 
-def sbatch_foreign(*args: str) -> str:
-    """A plain (non-slurmhet) Slurm job; returns its id."""
-    proc = subprocess.run(["sbatch", "--parsable", "-D", "/tmp", "-o", "/dev/null", *args], capture_output=True,
-                          text=True, timeout=30, check=True)
+def sbatch_foreign(*args: str, user: str = "slurmhet-noise") -> str:
+    """A plain (non-slurmhet) Slurm job of another user; returns its id."""
+    proc = subprocess.run(["runuser", "-u", user, "--", "sbatch", "--parsable", "-D", "/tmp", "-o", "/dev/null",
+                           *args], capture_output=True, text=True, timeout=30, check=True, cwd="/tmp")
     return proc.stdout.strip().split(";")[0]
 
 

@@ -15,7 +15,6 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 import uuid
@@ -26,12 +25,12 @@ from typing import Any, Iterator
 import pytest
 
 from slurmhet.replan import MAX_SUBMIT_ATTEMPTS
-from tests.cluster.helpers import SLURMHET, accounting, cli, status, wait_for
-from tests.cluster.replan_helpers import (ANY_ONE, SLURM, adopted_by, attempts, db_snapshot, elapsed_seconds,
+from tests.cluster.helpers import ANY_ONE, SLURMHET, accounting, cli, never_ran, status, user_python, wait_for
+from tests.cluster.replan_helpers import (SLURM, adopted_by, attempts, db_snapshot, elapsed_seconds,
                                           events, job, kill_group, live_tagged, recorded_parts, replan, sacct_rows,
-                                          sbatch_foreign, scancel, slow_sbatch, slurm_jobs_of_store, squeue_state,
+                                          scancel, slow_sbatch, slurm_jobs_of_store, squeue_state,
                                           start_cli, store_tag, store_waiting_jobs, submit, submitted_by,
-                                          usable_gpus, wait_file_lines, wait_slurm, write)
+                                          usable_gpus, wait_file_lines, write)
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster")
 
@@ -376,19 +375,18 @@ def test_replan_with_slurmctld_unreachable_fails_cleanly_and_next_run_recovers(
 
 def test_drained_node_displaces_a_pending_job_to_another_type(
         tmp_path: Path, state_dir: Path, since: datetime, leftovers: list[str]) -> None:
-    blocker = sbatch_foreign("--gres=gpu:t4:4", "--nodelist=nodeb", "--job-name=slurmhet-test-nodeb-blocker",
-                             "--wrap", "sleep 120")
-    leftovers.append(blocker)
+    # slurmhet sends no job to wait behind someone else's GPUs (issue 14), so the job waits in Slurm by its
+    # own choice: submitted held (`--hold`), as a user holding a job for later would.
     drain_tried = False
     try:
-        wait_slurm(blocker, ("RUNNING",), timeout=90)
         (out,) = submit(state_dir, write(tmp_path / "tk.yaml",
-                                         job("t4-or-k80", ["sleep", "2"], "{min: 1, max: 1, types: [t4, k80]}")))
+                                         job("t4-or-k80", ["sleep", "2"], "{min: 1, max: 1, types: [t4, k80]}",
+                                             "sbatch: ['--hold']\n")))
         assert out["state"] == "SUBMITTED" and out["allocation"] == "1xt4@nodeb", out
         job_id, (first,) = out["job_id"], out["slurm_job_ids"]
+        leftovers.append(first)
         tag = store_tag(state_dir)
-        time.sleep(3)  # two scheduler passes: it stays pending behind the foreign job
-        assert squeue_state(first)[0] == "PENDING", squeue_state(first)
+        assert squeue_state(first) == ("PENDING", "JobHeldUser"), squeue_state(first)
         calm = replan(state_dir)  # also records the cluster snapshot the drain is compared with
         assert "cancel" not in calm.stdout and not submitted_by(calm.stdout), calm.stdout
 
@@ -401,13 +399,15 @@ def test_drained_node_displaces_a_pending_job_to_another_type(
         resubmitted = submitted_by(moved.stdout)
         assert list(resubmitted) == [job_id] and f"1xk80@nodec Slurm {resubmitted[job_id][0]}" in moved.stdout
         (second,) = resubmitted[job_id]
+        leftovers.append(second)
+        subprocess.run(["scontrol", "release", second], check=True, timeout=30)  # the user's hold, lifted
 
         rows = wait_for(state_dir, [job_id], timeout=120)
         assert rows[job_id]["state"] == "COMPLETED"
         assert [(p["id"], p["role"], p["state"]) for p in rows[job_id]["slurm"]] == \
             [(first, "superseded", "CANCELLED"), (second, "batch", "COMPLETED")]
         records = {r.id.job: r for r in accounting([first, second]) if not r.id.is_step}
-        assert records[first].state == "CANCELLED" and records[first].start is None  # never ran
+        assert records[first].state == "CANCELLED" and never_ran(records[first])
         assert records[second].state == "COMPLETED" and records[second].nodes == "nodec"
         assert records[second].gpus_by_type() == {"k80": 1}
         assert slurm_jobs_of_store(tag, since)[job_id] == {first: "CANCELLED", second: "COMPLETED"}
@@ -415,7 +415,6 @@ def test_drained_node_displaces_a_pending_job_to_another_type(
     finally:
         if drain_tried:  # always undo our drain (a drained nodeb stalls everyone's t4 jobs), never someone else's
             subprocess.run(["scontrol", "update", "nodename=nodeb", "state=resume"], capture_output=True, timeout=30)
-        scancel([blocker])
 
 
 # --------------------------------------------------------------------------- 7. sbatch refusal retried
@@ -424,20 +423,20 @@ def test_drained_node_displaces_a_pending_job_to_another_type(
 def test_refused_job_is_retried_by_replan_until_the_cap(
         tmp_path: Path, state_dir: Path, since: datetime, leftovers: list[str]) -> None:
     spec = write(tmp_path / "refused.yaml",
-                 job("refused", ["true"], ANY_ONE, "sbatch: ['--account=no-such-account']\n"))
+                 job("refused", ["true"], ANY_ONE, "sbatch: ['--licenses=no-such-license:1']\n"))
     proc = cli("submit", "--json", str(spec), state=state_dir, check=False)
     assert proc.returncode == 1 and "SUBMIT_FAILED" in proc.stderr
     job_id = json.loads(proc.stdout)["jobs"][0]["job_id"]
     row = status(state_dir)[job_id]
     assert row["state"] == "SUBMIT_FAILED"
-    assert "Invalid account or account/partition combination specified" in row["reason"]
+    assert "Invalid license specification" in row["reason"]
     assert attempts(state_dir, job_id) == 1
     for attempt in range(2, MAX_SUBMIT_ATTEMPTS + 1):
         out = replan(state_dir).stdout
-        assert f"job {job_id} (refused): SUBMIT_FAILED" in out and "Invalid account" in out, out
+        assert f"job {job_id} (refused): SUBMIT_FAILED" in out and "Invalid license" in out, out
         assert attempts(state_dir, job_id) == attempt
     failures = [e for e in events(state_dir, job_id) if e[1] == "submit_failed"]
-    assert len(failures) == MAX_SUBMIT_ATTEMPTS and all("Invalid account" in e[2] for e in failures)
+    assert len(failures) == MAX_SUBMIT_ATTEMPTS and all("Invalid license" in e[2] for e in failures)
     capped = replan(state_dir)
     assert capped.stdout.strip() == "slurmhet replan: nothing to do", capped.stdout
     assert attempts(state_dir, job_id) == MAX_SUBMIT_ATTEMPTS
@@ -452,22 +451,6 @@ def test_refused_job_is_retried_by_replan_until_the_cap(
 
 
 TEST_USER = "slurmhet-test"
-
-
-def _user_python() -> tuple[list[str], dict[str, str]] | None:
-    """How TEST_USER can run this slurmhet: this interpreter, or the system one of the same
-    minor version with this venv's packages on PYTHONPATH (the venv's interpreter lives under
-    /root, mode 0700, so other users cannot execute it)."""
-    if subprocess.run(["runuser", "-u", TEST_USER, "--", sys.executable, "-c", "pass"], capture_output=True,
-                      cwd="/").returncode == 0:
-        return [sys.executable], {}
-    system = shutil.which(f"python{sys.version_info.major}.{sys.version_info.minor}", path="/usr/bin:/usr/local/bin")
-    if system is None:
-        return None
-    env = {"PYTHONPATH": f"{Path(__file__).resolve().parents[2]}:{sysconfig.get_paths()['purelib']}"}
-    probe = subprocess.run(["runuser", "-u", TEST_USER, "--", "env", f"PYTHONPATH={env['PYTHONPATH']}", system, "-c",
-                            "import slurmhet.cli, psycopg"], capture_output=True, cwd="/")
-    return ([system], env) if probe.returncode == 0 else None
 
 
 @pytest.fixture
@@ -487,7 +470,7 @@ def pg_store(pg_url: str) -> Iterator[str]:
 
 
 def test_other_user_cannot_see_or_cancel_roots_job(tmp_path: Path, state_dir: Path, pg_store: str) -> None:
-    python = _user_python()
+    python = user_python(TEST_USER)
     if python is None:
         pytest.skip(f"{TEST_USER} cannot run a Python {sys.version_info.major}.{sys.version_info.minor} "
                     "with slurmhet's packages")

@@ -54,11 +54,11 @@ def test_hostile_name_and_command_run_safely(tmp_path: Path, state_dir: Path) ->
 
 
 def test_sbatch_refusal_is_stored_with_slurms_message(tmp_path: Path, state_dir: Path) -> None:
-    spec = write(tmp_path / "r.yaml", job("refused", ["true"], "1", "sbatch: ['--account=no-such-account']\n"))
+    spec = write(tmp_path / "r.yaml", job("refused", ["true"], "1", "sbatch: ['--licenses=no-such-license:1']\n"))
     proc = cli("submit", "--json", str(spec), state=state_dir, check=False)
     assert proc.returncode == 1 and "SUBMIT_FAILED" in proc.stderr
     row = json.loads(proc.stdout)["jobs"][0]
-    assert row["state"] == "SUBMIT_FAILED" and "account" in row["reason"].lower()
+    assert row["state"] == "SUBMIT_FAILED" and "invalid license specification" in row["reason"].lower()
     stored = status(state_dir)[row["job_id"]]
     assert stored["state"] == "SUBMIT_FAILED" and stored["reason"] == row["reason"]
 
@@ -68,6 +68,10 @@ def test_bad_spec_stores_nothing(tmp_path: Path, state_dir: Path) -> None:
         (job("x", ["true"], "{types: [a100]}"), "GPU type 'a100' is not in the cluster"),
         (job("x", ["true"], "{min: 5, types: [v100]}"), "at least 5 GPUs but the cluster has 4"),
         (job("x", ["true"], "1", "sbatch: ['--gpus=2']\n"), "managed by slurmhet"),
+        # Refused before Slurm sees them (issue 14): the shared cluster's rules, read from Slurm.
+        (job("x", ["true"], "1", "sbatch: ['--account=no-such-account']\n"), "may not use account 'no-such-account'"),
+        (job("x", ["true"], "1", "sbatch: ['--partition=no-such-partition']\n"), "no partition 'no-such-partition'"),
+        (job("x", ["true"], "1", "sbatch: ['--qos=gpu2']\n"), "may not use QOS 'gpu2'"),
     ]:
         proc = cli("submit", str(write(tmp_path / "bad.yaml", job("ok", ["true"], "1"), body)),
                    state=state_dir, check=False)
