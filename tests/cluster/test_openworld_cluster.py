@@ -22,8 +22,8 @@ import pytest
 
 from slurmhet.throughput import load_tables
 from tests.cluster.helpers import accounting, cli, job, never_ran, status, user_python, wait_for, write
-from tests.cluster.replan_helpers import (REPO, SLURM, db_snapshot, events, live_tagged, replan, sbatch_foreign,
-                                          scancel, squeue_state, store_tag, submit, submitted_by, wait_slurm)
+from tests.cluster.replan_helpers import (REPO, SLURM, db_snapshot, events, replan, sbatch_foreign,
+                                          scancel, squeue_state, submit, submitted_by, wait_slurm)
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster")
 
@@ -46,13 +46,6 @@ def resnet(name: str, steps: int, types: str, command: list[str] | None = None, 
                extra).replace("work: {steps: 10}", f"work: {{steps: {steps}}}")
 
 
-@pytest.fixture
-def leftovers(state_dir: Path) -> Iterator[list[str]]:
-    ids: list[str] = []
-    yield ids
-    scancel(ids)
-    if (state_dir / "slurmhet.db").exists():
-        scancel(live_tagged(store_tag(state_dir)))
 
 
 def holding_every_v100(minutes: int, sleep_s: int, leftovers: list[str]) -> tuple[str, float]:

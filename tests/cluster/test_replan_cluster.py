@@ -43,14 +43,6 @@ def since() -> datetime:
     return datetime.now() - timedelta(seconds=10)
 
 
-@pytest.fixture
-def leftovers(state_dir: Path) -> Iterator[list[str]]:
-    """Foreign Slurm ids a test appends; they, and this store's live jobs, are cancelled at teardown."""
-    foreign: list[str] = []
-    yield foreign
-    scancel(foreign)
-    if (state_dir / "slurmhet.db").exists():
-        scancel(live_tagged(store_tag(state_dir)))
 
 
 def one_slurm_job_each(tag: str, since: datetime, job_ids: list[int]) -> dict[int, str]:
