@@ -16,6 +16,7 @@ from datetime import datetime, timedelta, timezone
 from typing import Iterable, Mapping, Sequence
 
 from slurmhet.slurm.parsers import AccountingRecord, QueueRecord, SlurmJobId, parse_tres
+from slurmhet.slurm.world import is_ours
 
 _FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL"}
 
@@ -270,11 +271,6 @@ def build_report(jobs: Sequence[StoredJob], records: Sequence[AccountingRecord],
     )
 
 
-def is_this_store(comment: str, store_tag: str) -> bool:
-    """A ``--comment=slurmhet:<ids>@<store_tag>`` of this store (another store's slurmhet jobs are foreign)."""
-    return comment.startswith("slurmhet:") and comment.endswith(f"@{store_tag}")
-
-
 def _foreign_group(jobs: Sequence[list[AccountingRecord]], start: datetime, end: datetime) -> ForeignGroup:
     hours: dict[str, float] = {}
     queues, jcts = [], []
@@ -319,7 +315,7 @@ def foreign_report(records: Iterable[AccountingRecord], store_tag: str,
             continue
         task = str(r.id.array_task) if r.id.array_task is not None else (r.id.array_pending or "")
         groups.setdefault((r.id.job, task), []).append(r)
-    tagged = {job for (job, _), rows in groups.items() if any(is_this_store(r.comment, store_tag) for r in rows)}
+    tagged = {job for (job, _), rows in groups.items() if any(is_ours(r.comment, store_tag) for r in rows)}
     by_user: dict[str, list[list[AccountingRecord]]] = {}
     for (job, _), rows in sorted(groups.items()):
         if job in tagged or job in mine:

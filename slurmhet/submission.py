@@ -30,6 +30,7 @@ from slurmhet.slurm.client import SlurmClient
 from slurmhet.slurm.parsers import QueueRecord
 from slurmhet.slurm.profile import SiteProfile
 from slurmhet.slurm.runner import SlurmCommandError, SlurmRunner
+from slurmhet.slurm.world import is_ours
 from slurmhet.shared_cluster import SharedCluster, check_access, narrowed, read_shared, within_reach
 from slurmhet.spec import JobSpec, check_against_cluster, parse_job
 from slurmhet.startup import StartupCosts, learned_startup
@@ -108,7 +109,7 @@ def foreign_gpu_nodes(queue: Sequence[QueueRecord], store_tag: str) -> frozenset
     for record in queue:
         if record.state not in ("RUNNING", "COMPLETING", "SUSPENDED") or "gres/gpu" not in record.alloc_tres:
             continue
-        if record.comment.startswith("slurmhet:") and record.comment.endswith(f"@{store_tag}"):
+        if is_ours(record.comment, store_tag):
             continue
         busy.update(expand_hostlist(record.nodes) if record.nodes else [])
     return frozenset(busy)

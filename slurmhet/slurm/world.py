@@ -189,9 +189,15 @@ def limit_fractions(history: Iterable[UsageRecord]) -> dict[tuple[str, str], flo
     return {key: statistics.median(v) for key, v in groups.items() if len(v) >= MIN_HISTORY}
 
 
-def is_ours(record: QueueRecord, store_tag: str) -> bool:
-    """A job this store submitted: its comment carries ``slurmhet:<ids>@<store_tag>``."""
-    return record.comment.startswith("slurmhet:") and record.comment.endswith(f"@{store_tag}")
+def used_share(record: QueueRecord, fractions: Mapping[tuple[str, str], float]) -> float | None:
+    """The learned fraction of its limit a job will use: its user's, else its partition's; None when unknown."""
+    return fractions.get((record.user, "")) or fractions.get(("", record.partition))
+
+
+def is_ours(comment: str, store_tag: str) -> bool:
+    """A job this store submitted: its comment carries ``slurmhet:<ids>@<store_tag>`` (another store's
+    slurmhet jobs are foreign)."""
+    return comment.startswith("slurmhet:") and comment.endswith(f"@{store_tag}")
 
 
 def expected_end(record: QueueRecord, start_s: float, now_s: float,
@@ -200,7 +206,7 @@ def expected_end(record: QueueRecord, start_s: float, now_s: float,
     limit = record.time_limit_s
     if limit is None:
         return math.inf, False
-    share = fractions.get((record.user, "")) or fractions.get(("", record.partition))
+    share = used_share(record, fractions)
     if share is None:
         return start_s + limit, False
     return min(max(start_s + share * limit, now_s + OVERDUE_GRACE_S), start_s + limit), True
@@ -216,7 +222,7 @@ def open_world(world: SlurmWorld, store_tag: str, access: Access, now_s: float,
     ahead: list[QueuedAhead] = []
     by_partition = {p.name: p for p in world.partitions}
     for record in world.queue:
-        if is_ours(record, store_tag):
+        if is_ours(record.comment, store_tag):
             continue
         owner = f"job {record.job_id} ({record.user}, partition {record.partition})"
         if record.state in _RUNNING:
@@ -227,7 +233,7 @@ def open_world(world: SlurmWorld, store_tag: str, access: Access, now_s: float,
                                   estimated))
         elif record.state == "PENDING" and record.reason in COMPETING_REASONS and record.gpu_request:
             limit = record.time_limit_s
-            share = fractions.get((record.user, "")) or fractions.get(("", record.partition)) or 1.0
+            share = used_share(record, fractions) or 1.0
             duration = share * limit if limit is not None else math.inf
             slated = world.starts.get(record.job_id)
             part = by_partition.get(record.partition)
@@ -276,18 +282,32 @@ class TypeUse:
         return max(0, self.total - self.slurmhet - self.others - self.reserved)
 
 
+def gpus_held(world: SlurmWorld, store_tag: str) -> dict[str, Counter[tuple[str, str]]]:
+    """GPUs held now per (node, type) by running jobs: ``slurmhet`` (this store's) and ``others``."""
+    held: dict[str, Counter[tuple[str, str]]] = {"slurmhet": Counter(), "others": Counter()}
+    for record in world.queue:
+        if record.state in _RUNNING:
+            side = "slurmhet" if is_ours(record.comment, store_tag) else "others"
+            for node, gpu_type, count in record.gpus:
+                held[side][(node, gpu_type)] += count
+    return held
+
+
+def by_type(held: Counter[tuple[str, str]]) -> dict[str, int]:
+    """(node, type) counts summed per type."""
+    out: Counter[str] = Counter()
+    for (_, gpu_type), count in held.items():
+        out[gpu_type] += count
+    return dict(out)
+
+
 def gpu_use(world: SlurmWorld, store_tag: str, now_s: float) -> list[TypeUse]:
     """Per partition and GPU type: total / held by this store's jobs / held by others / reserved now / free.
 
     A GPU counts under every partition that holds its node (partitions overlap on real sites).
     """
     nodes = {n.name: n for n in world.nodes if n.available}
-    held: dict[str, Counter[tuple[str, str]]] = {"slurmhet": Counter(), "others": Counter(), "reserved": Counter()}
-    for record in world.queue:
-        if record.state in _RUNNING:
-            side = "slurmhet" if is_ours(record, store_tag) else "others"
-            for node, gpu_type, count in record.gpus:
-                held[side][(node, gpu_type)] += count
+    held = {**gpus_held(world, store_tag), "reserved": Counter()}
     now = datetime.fromtimestamp(now_s, timezone.utc)
     for res in world.reservations:
         if res.start <= now < res.end:
