@@ -7,17 +7,18 @@ import importlib.util
 import json
 import os
 import sys
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import click
 from rich.console import Console
 from rich.table import Table
 
 from slurmhet import spec as specmod
-from slurmhet.cluster import Inventory
+from slurmhet.cluster import Inventory, OpenWorld
 from slurmhet.config import Settings, load_settings
 from slurmhet.errors import InputError, SlurmhetError, SystemFailure
 from slurmhet.slurm import pyslurm_client
@@ -25,8 +26,11 @@ from slurmhet.slurm.client import SlurmCli, SlurmClient
 from slurmhet.slurm.parsers import SlurmOutputError
 from slurmhet.slurm.profile import SiteProfile, load_profile
 from slurmhet.slurm.runner import SlurmCommandError, SubprocessRunner
-from slurmhet.slurm.world import read_world
+from slurmhet.slurm.world import Access, SlurmWorld, read_world
 from slurmhet.store import Database, JobState, list_jobs, get_job, add_event
+
+if TYPE_CHECKING:
+    from slurmhet.throughput import ThroughputTable
 
 #: A pipe or a file gets whole tables (rich would cut every cell to fit 80 columns: `make demo`'s report
 #: read "COMP…"); a terminal keeps its own width.
@@ -129,7 +133,7 @@ def validate(files: tuple[str, ...]) -> None:
 @click.pass_obj
 def cluster(obj: Context, as_json: bool) -> None:
     """GPU types x nodes x counts from the live cluster, and per partition who holds them, with your limits."""
-    from slurmhet.slurm.world import access_of, gpu_use
+    from slurmhet.slurm.world import access_of, by_type, gpu_use, gpus_held
     from slurmhet.shared_cluster import user_groups
     from slurmhet.submission import current_user
 
@@ -138,12 +142,7 @@ def cluster(obj: Context, as_json: bool) -> None:
     inventory = world.inventory
     access = access_of(world, user, user_groups(user))
     use = gpu_use(world, obj.db.instance, datetime.now(timezone.utc).timestamp())
-    others: dict[str, int] = {}
-    for record in world.queue:
-        if record.state in ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED") and \
-                not record.comment.endswith(f"@{obj.db.instance}"):
-            for _, gpu_type, count in record.gpus:
-                others[gpu_type] = others.get(gpu_type, 0) + count
+    others = by_type(gpus_held(world, obj.db.instance)["others"])
     limits = {"accounting": world.accounting, "user": user, "account": access.account, "qos": access.qos,
               "gpu_cap": access.gpu_cap, "gpu_cap_source": access.cap_source, "job_gpu_cap": access.job_gpu_cap,
               "partitions": list(access.partitions), "refused": dict(access.refused), "gpu_types": list(access.types)}
@@ -242,6 +241,7 @@ def status(obj: Context, as_json: bool, all_users: bool) -> None:
         except (SlurmCommandError, SlurmOutputError) as exc:
             raise SystemFailure(f"cannot reach Slurm to refresh job states ({exc}); "
                                 "the store was left as it was") from exc
+    context = _WaitContext.of(obj, world, user)
     with obj.db.transaction() as session:
         jobs = _visible_jobs(obj, session, all_users)
         sync_jobs(session, jobs, view)
@@ -250,7 +250,7 @@ def status(obj: Context, as_json: bool, all_users: bool) -> None:
             "slurm": [{"id": p.slurm_job_id, "role": p.role, "het_offset": p.het_offset, "array_task": p.array_task,
                        "gpu_type": p.gpu_type, "gpus": p.gpu_count, "state": p.state, "nodes": p.nodes,
                        "reason": p.reason} for p in j.slurm_jobs],
-            **_waiting_view(obj, j, world, user),
+            **_waiting_view(j, context),
         } for j in jobs]
     if as_json:
         _emit_json({"jobs": rows})
@@ -269,13 +269,42 @@ def status(obj: Context, as_json: bool, all_users: bool) -> None:
     console.print(table)
 
 
-def _waiting_view(obj: Context, job: Any, world: Any, user: str) -> dict[str, Any]:
+@dataclass
+class _WaitContext:
+    """What every waiting job's explanation shares, derived once per ``status``."""
+
+    world: SlurmWorld
+    access: Access
+    facts: OpenWorld
+    settings: Settings
+    #: GPUs per type held by this store's running jobs.
+    ours: dict[str, int]
+    now: float
+
+    @classmethod
+    def of(cls, obj: Context, world: SlurmWorld, user: str) -> "_WaitContext":
+        from slurmhet.shared_cluster import user_groups
+        from slurmhet.slurm.world import access_of, by_type, gpus_held, open_world
+
+        now = datetime.now(timezone.utc).timestamp()
+        access = access_of(world, user, user_groups(user))
+        return cls(world, access, open_world(world, obj.db.instance, access, now), obj.settings,
+                   by_type(gpus_held(world, obj.db.instance)["slurmhet"]), now)
+
+    @cached_property
+    def table(self) -> ThroughputTable:
+        """Read only when some job waits (a status of running jobs needs no table)."""
+        from slurmhet.submission import throughput_table
+
+        return throughput_table(self.settings)
+
+
+def _waiting_view(job: Any, context: _WaitContext) -> dict[str, Any]:
     """Slurm's pending reason and expected start, the plan's start, and why a waiting job waits."""
     from slurmhet.explain import why_waiting
-    from slurmhet.slurm.world import access_of, open_world
-    from slurmhet.shared_cluster import user_groups
-    from slurmhet.submission import stored_allocation, throughput_table
+    from slurmhet.submission import stored_allocation
 
+    world = context.world
     out: dict[str, Any] = {"slurm_reason": "", "slurm_expected_start": None, "planned_start": None, "why": ""}
     parts = [p for p in job.slurm_jobs if p.role != "superseded" and p.state == "PENDING"]
     out["slurm_reason"] = ",".join(sorted({p.reason for p in parts if p.reason}))
@@ -284,33 +313,26 @@ def _waiting_view(obj: Context, job: Any, world: Any, user: str) -> dict[str, An
     out["slurm_expected_start"] = min(known).astimezone().isoformat(timespec="seconds") if known else None
     if job.state.final or job.state.value == "RUNNING" or (job.state.value == "SUBMITTED" and not parts):
         return out
-    now = datetime.now(timezone.utc).timestamp()
     planned = (job.plan or {}).get("start_s")
     if planned is not None:
         out["planned_start"] = datetime.fromtimestamp(max(planned, job.created_at.timestamp()), timezone.utc
                                                       ).astimezone().isoformat(timespec="seconds")
     spec = specmod.parse_job(job.spec, f"store:job {job.id}")
     inventory = world.inventory
-    access = access_of(world, user, user_groups(user))
-    facts = open_world(world, obj.db.instance, access, now)
+    access = context.access
     allowed = [t for t in (spec.gpus.types or inventory.gpu_types) if t in access.types or not access.types]
     alloc = stored_allocation(job) if parts else None
     # Pending in Slurm: the types it was submitted to; waiting in slurmhet: the types its plan waits for.
     planned_types = sorted((job.plan or {}).get("waits_on") or ())
     waits_on = sorted(alloc.by_type()) if alloc else planned_types or allowed
-    table = throughput_table(obj.settings)
     rates = {}
     for gpu_type in allowed:
         try:
-            rates[gpu_type] = table.rate(spec.workload.key, gpu_type)
+            rates[gpu_type] = context.table.rate(spec.workload.key, gpu_type)
         except InputError:
             continue
-    ours: dict[str, int] = {}
-    for record in world.queue:
-        if record.state == "RUNNING" and record.comment.endswith(f"@{obj.db.instance}"):
-            for _, gpu_type, count in record.gpus:
-                ours[gpu_type] = ours.get(gpu_type, 0) + count
-    out["why"] = why_waiting(spec.gpus.min, waits_on, allowed, rates, inventory, facts, ours, now)
+    out["why"] = why_waiting(spec.gpus.min, waits_on, allowed, rates, inventory, context.facts, context.ours,
+                             context.now)
     return out
 
 
