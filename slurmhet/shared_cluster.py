@@ -70,6 +70,13 @@ class SharedCluster:
                 out[gpu_type] = name
         return out
 
+    def with_queue(self, queue: Sequence[QueueRecord], store_tag: str, now: float) -> SharedCluster:
+        """The same cluster seen with a fresher queue: partitions, limits, reservations and history
+        change slowly, so a command that re-reads the queue under its lock need not re-read them."""
+        world = replace(self.world, queue=tuple(queue))
+        return replace(self, world=world, facts=open_world(world, store_tag, self.access, now,
+                                                            self.facts.lookahead_s))
+
 
 def read_shared(client: SlurmClient, queue: Sequence[QueueRecord], store_tag: str, user: str, now: float,
                 specs: Sequence[JobSpec] = ()) -> SharedCluster:

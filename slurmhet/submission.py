@@ -483,7 +483,7 @@ def submit_new(db: Database | None, dispatcher_args: tuple[SlurmClient, SiteProf
         # and refresh from Slurm so finished jobs no longer hold GPUs in the plan. Slurm is asked
         # before the write transaction, so other commands are not kept waiting for the store.
         view, queue = ask_slurm(db, client, UNPLACED + PLACED)
-        shared = read_shared(client, queue, db.instance, owner, now, [spec for spec, _ in specs])
+        shared = shared.with_queue(queue, db.instance, now)
         with db.transaction() as session:
             jobs = list_jobs(session, states=UNPLACED + PLACED)
             sync_jobs(session, jobs, view)
@@ -501,7 +501,7 @@ def submit_new(db: Database | None, dispatcher_args: tuple[SlurmClient, SiteProf
         pending = [(i, spec) for i, spec in zip(new_ids, specs) if i not in already]
         outcomes = _plan_and_dispatch(db, (client, profile, settings, runner), existing, [i for i, _ in pending],
                                       [spec for _, spec in pending], owner, inventory, table, now, progress, rounds,
-                                      shared, queue, startup)
+                                      shared=shared, queue=queue, startup=startup)
         by_id = {o.job_id: o for o in outcomes} | already
         return [by_id[i] for i in new_ids]
 
@@ -510,7 +510,7 @@ def _plan_and_dispatch(db: Database, dispatcher_args: tuple[SlurmClient, SitePro
                        existing: list[Candidate], new_ids: list[int], specs: Sequence[tuple[JobSpec, str]],
                        owner: str, inventory: Inventory, table: ThroughputTable, now: float,
                        progress: Progress | None, rounds: dict[int, int] | None = None,
-                       shared: SharedCluster | None = None, queue: Sequence[QueueRecord] = (),
+                       *, shared: SharedCluster, queue: Sequence[QueueRecord],
                        startup: StartupCosts | None = None) -> list[Outcome]:
     client, profile, settings, runner = dispatcher_args
     fresh = [Candidate(i, spec, now, owner=owner) for i, (spec, _) in zip(new_ids, specs)]
@@ -530,7 +530,7 @@ def _plan_and_dispatch(db: Database, dispatcher_args: tuple[SlurmClient, SitePro
     for dispatch in dispatches(plan, {c.job_id: c.spec for c in unplaced}, profile, settings, inventory,
                                db.instance, table=table, steps_done=steps_done, rounds=rounds,
                                busy_nodes=foreign_gpu_nodes(queue, db.instance),
-                               partitions=shared.partitions() if shared else None):
+                               partitions=shared.partitions()):
         for outcome in dispatcher.submit(dispatch, plan):
             results[outcome.job_id] = outcome
     waiting = unplaceable(fresh, inventory)
