@@ -202,7 +202,8 @@ def judge_moves(waiting: Sequence[Waiting], candidates: Sequence[Candidate], inv
             continue
         free = replace(mine, current=None)
         allowed = mine.spec.gpus.types or inventory.gpu_types
-        elsewhere = tuple(t for t in allowed if t not in wait.types)
+        # Only types the caller may reach: an empty reach would leave the what-if free to use any type.
+        elsewhere = tuple(t for t in allowed if t not in wait.types and t in shared.access.types)
         if not elsewhere:
             continue
         stay = plan_for([*others, free], inventory, table, policy, now, shared=shared,
