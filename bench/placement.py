@@ -229,24 +229,23 @@ def run_case(case: Case, with_robustness: bool) -> dict[str, Any]:
     return out
 
 
-def run(json_out: bool, cases: list[str] | None = None, with_robustness: bool = True) -> dict[str, Any]:
-    """Run the named cases (all by default) and return ``{"cases": [...], "throughput_table": [...]}``."""
+def run(cases: list[str] | None = None, with_robustness: bool = True) -> dict[str, Any]:
+    """Run the named cases (all by default) and return ``{"cases": [...], "throughput_table": [...]}``; prints nothing."""
     builders = build_cases()
     names = cases or list(builders)
     unknown = [n for n in names if n not in builders]
     if unknown:
         raise InputError(f"unknown case {unknown[0]!r}", place="--case", hint=" | ".join(builders))
-    result = {"cases": [run_case(builders[n](), with_robustness) for n in names], "throughput_table": tpds_table()[1]}
-    if json_out:
-        print(json.dumps(result, indent=2))
-    else:
-        for case in result["cases"]:
-            print(f"{case['name']}: {case['jobs']} jobs on {case['gpus']} GPUs, reference {case['reference_avg_jct']:.1f} s")
-            for key, res in case["policies"].items():
-                ratio = "null" if res["ratio"] is None else f"{res['ratio']:.4f}"
-                secs = "null" if res["seconds"] is None else f"{res['seconds']:.4f}"
-                print(f"  {key:11s} ratio {ratio:>8s}  seconds {secs:>9s}  fairness {res['fairness']}")
-    return result
+    return {"cases": [run_case(builders[n](), with_robustness) for n in names], "throughput_table": tpds_table()[1]}
+
+
+def print_text(result: dict[str, Any]) -> None:
+    for case in result["cases"]:
+        print(f"{case['name']}: {case['jobs']} jobs on {case['gpus']} GPUs, reference {case['reference_avg_jct']:.1f} s")
+        for key, res in case["policies"].items():
+            ratio = "null" if res["ratio"] is None else f"{res['ratio']:.4f}"
+            secs = "null" if res["seconds"] is None else f"{res['seconds']:.4f}"
+            print(f"  {key:11s} ratio {ratio:>8s}  seconds {secs:>9s}  fairness {res['fairness']}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -256,10 +255,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-robustness", action="store_true", help="skip the prediction-error rounds")
     args = parser.parse_args(argv)
     try:
-        run(args.json, args.case, not args.no_robustness)
+        result = run(args.case, not args.no_robustness)
     except InputError as exc:
         print(f"error: {exc.one_line()}", file=sys.stderr)
         return exc.exit_code
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print_text(result)
     return 0
 
 

@@ -55,7 +55,7 @@ from slurmhet.emit.render import render
 from slurmhet.emit.requests import BatchRequest, Common, Launch, Materialized
 from slurmhet.report import StoredJob, as_utc, fold
 from slurmhet.runtime import emulation
-from slurmhet.planner.default_time import SlurmhetReplanned
+from slurmhet.policies.default import SlurmhetReplanned
 from slurmhet.sim import SimConfig, TraceJob, run_policies, simulate
 from slurmhet.sim.contention import ContentionModel
 from slurmhet.sim.rates import RateModel

@@ -20,11 +20,11 @@ from typing import Any, Callable
 
 from slurmhet.cluster import Inventory, Node, parse_cluster_spec
 from slurmhet.errors import InputError
-from slurmhet.planner.default_time import SlurmhetForking, SlurmhetRelaxed
-from slurmhet.planner.hadar import Hadar
-from slurmhet.planner.sjf_bco import SjfBco
-from slurmhet.planner.time_base import ClusterView, JobState
-from slurmhet.planner.time_registry import TIME_POLICIES
+from slurmhet.policies.default import SlurmhetForking, SlurmhetRelaxed
+from slurmhet.policies.hadar import Hadar
+from slurmhet.policies.sjf_bco import SjfBco
+from slurmhet.policies.base import ClusterView, JobState
+from slurmhet.policies.registry import TIME_POLICIES
 from slurmhet.sim import SimConfig, default_throughputs, generate_trace, load_gavel_trace, run_policies
 from slurmhet.sim.contention import ContentionModel
 from slurmhet.sim.engine import capacity_of

@@ -621,7 +621,7 @@ def bench_placement(as_json: bool, cases: tuple[str, ...]) -> None:
     """Sizing + placement vs HAS/JPS/Optimus and the exact optimum or LP bound (seed 001)."""
     from bench import placement
 
-    _emit_json(placement.run(True, list(cases) or None))
+    _emit_json(placement.run(list(cases) or None))
 
 
 @bench.command("reproduce")

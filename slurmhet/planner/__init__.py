@@ -1,4 +1,5 @@
-"""Planners: pure functions ``PlanningInput -> Plan`` (see DESIGN.md, seeds 001 and 002).
+"""Planners: pure functions ``PlanningInput -> Plan`` (see DESIGN.md, seeds 001 and 002); the
+policies over time that the simulator runs (the papers' schedulers) live in :mod:`slurmhet.policies`.
 
 Use ``POLICIES[key](planning_input, progress=None)``; ``DEFAULT_POLICY`` is
 slurmhet's own planner. :func:`plan_job_from_spec` turns a user's JobSpec into

@@ -11,8 +11,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 from slurmhet.cluster import Inventory
 from slurmhet.errors import InputError
-from slurmhet.planner.time_base import TimePolicy
-from slurmhet.planner.time_registry import TIME_POLICIES
+from slurmhet.policies.base import TimePolicy
+from slurmhet.policies.registry import TIME_POLICIES
 from slurmhet.sim.contention import ContentionModel
 from slurmhet.sim.engine import Engine, PolicyStarved, SimConfig, SimulationError
 from slurmhet.sim.generator import generate_trace

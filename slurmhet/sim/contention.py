@@ -13,7 +13,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Mapping
 
-from slurmhet.planner.time_base import Gang, Placement
+from slurmhet.policies.base import Gang, Placement
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
 from slurmhet.cluster import Inventory
-from slurmhet.planner.time_base import ClusterView, Decision, JobState, Placement, Slot, TimePolicy, gang_size
+from slurmhet.policies.base import ClusterView, Decision, JobState, Placement, Slot, TimePolicy, gang_size
 from slurmhet.sim.contention import contenders
 from slurmhet.sim.rates import RateModel
 from slurmhet.sim.traces import TraceJob

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Mapping, Protocol
 
 from slurmhet.errors import InputError
-from slurmhet.planner.time_base import Gang, Placement
+from slurmhet.policies.base import Gang, Placement
 from slurmhet.sim.contention import ContentionModel, gang_servers
 
 MEASURED_SCALES = (1, 2, 4, 8)

@@ -13,7 +13,7 @@ REQUIRED = {"slurmhet", "has", "jps-20", "jps-40", "jps-60", "optimus", "optimus
 
 @pytest.fixture(scope="module")
 def result() -> dict:
-    return placement.run(json_out=False, cases=["tpds-example", "tpds-k15"], with_robustness=False)
+    return placement.run(cases=["tpds-example", "tpds-k15"], with_robustness=False)
 
 
 def test_schema(result: dict) -> None:
@@ -47,4 +47,4 @@ def test_unknown_case_is_an_input_error() -> None:
     from slurmhet.errors import InputError
 
     with pytest.raises(InputError):
-        placement.run(json_out=False, cases=["nope"])
+        placement.run(cases=["nope"])

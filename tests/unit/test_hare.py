@@ -3,8 +3,8 @@
 import pytest
 
 from slurmhet.cluster import Inventory, Node
-from slurmhet.planner.hare import Hare, earliest_finish, relaxation_order
-from slurmhet.planner.time_base import ClusterView, JobState
+from slurmhet.policies.hare import Hare, earliest_finish, relaxation_order
+from slurmhet.policies.base import ClusterView, JobState
 from slurmhet.sim import SimConfig, run_policies
 from slurmhet.sim.engine import capacity_of
 from slurmhet.sim.traces import TraceJob

@@ -5,10 +5,10 @@ from dataclasses import replace
 import pytest
 
 from slurmhet.cluster import Inventory, Node, parse_cluster_spec
-from slurmhet.planner.time_registry import TIME_POLICIES
+from slurmhet.policies.registry import TIME_POLICIES
 from slurmhet.sim import SimConfig, default_throughputs, generate_trace, run_policies, simulate
 from slurmhet.sim.contention import ContentionModel, contenders
-from slurmhet.planner.time_base import Decision, TimePolicy
+from slurmhet.policies.base import Decision, TimePolicy
 from slurmhet.sim.engine import SimulationError, check_capacity
 from slurmhet.sim.rates import RateModel
 from slurmhet.sim.traces import TraceJob, resolve_steps

@@ -9,11 +9,11 @@ from __future__ import annotations
 import math
 
 from slurmhet.cluster import Inventory, Node
-from slurmhet.planner.baselines import _first_fit, _least_loaded
-from slurmhet.planner.sjf_bco import (
+from slurmhet.policies.baselines import _first_fit, _least_loaded
+from slurmhet.policies.sjf_bco import (
     Gpu, GpuPlanPolicy, PlanState, SjfBco, bisect_theta, build_plan, fa_ffp, lbsgf,
 )
-from slurmhet.planner.time_base import ClusterView, JobState
+from slurmhet.policies.base import ClusterView, JobState
 from slurmhet.sim import SimConfig, run_policies
 from slurmhet.sim.contention import ContentionModel
 from slurmhet.sim.engine import capacity_of

@@ -13,7 +13,7 @@ from sqlalchemy import inspect, select, text
 from slurmhet.cluster import Inventory, Node
 from slurmhet.errors import InputError
 from slurmhet.planner import POLICIES, Allocation, PlanJob, PlanningInput, plan_job_from_spec, run_seconds
-from slurmhet.planner.default_time import SlurmhetOverTime
+from slurmhet.policies.default import SlurmhetOverTime
 from slurmhet.planner.model import epoch_seconds
 from slurmhet.planner.problem import Problem
 from slurmhet.runtime.progress import ProgressRecord, ProgressReporter, read_record

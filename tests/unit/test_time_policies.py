@@ -7,7 +7,7 @@ Jobs at t=0: job 0 needs 200 steps, job 1 needs 100. Restart 10 s, rounds of 60 
 import pytest
 
 from slurmhet.cluster import Inventory, Node
-from slurmhet.planner.time_registry import TIME_POLICIES
+from slurmhet.policies.registry import TIME_POLICIES
 from slurmhet.sim import SimConfig, run_policies
 from slurmhet.sim.contention import ContentionModel
 from slurmhet.sim.engine import PolicyStarved
@@ -98,7 +98,7 @@ def test_slurmhet_a_job_with_slack_waits_until_it_is_critical() -> None:
 
 def test_slurmhet_runs_the_shipped_planner_on_the_engine_rates() -> None:
     from slurmhet.planner.registry import POLICIES
-    from slurmhet.planner.time_base import ClusterView, JobState
+    from slurmhet.policies.base import ClusterView, JobState
     from slurmhet.sim.engine import capacity_of
 
     inventory = Inventory((Node("a", {"v100": 2, "k80": 2}), Node("b", {"k80": 2})))
@@ -138,7 +138,7 @@ def test_hadare_forks_onto_idle_nodes() -> None:
 
 
 def test_slurmhet_forking_copies_a_lone_job_onto_the_idle_node_each_round() -> None:
-    from slurmhet.planner.default_time import SlurmhetForking
+    from slurmhet.policies.default import SlurmhetForking
 
     _, inventory, rates = _instance()
     jobs = [TraceJob(0, "x", 1, 0.0, 300.0)]
@@ -150,7 +150,7 @@ def test_slurmhet_forking_copies_a_lone_job_onto_the_idle_node_each_round() -> N
 
 
 def test_slurmhet_forking_leaves_a_full_cluster_alone() -> None:
-    from slurmhet.planner.default_time import SlurmhetForking
+    from slurmhet.policies.default import SlurmhetForking
 
     jobs, inventory, rates = _instance()
     config = SimConfig(round_s=1000.0, restart_s=10.0, consolidate_s=5.0)
@@ -177,7 +177,7 @@ def test_slurmhet_relaxed_starts_a_gang_on_the_gpus_that_are_free() -> None:
     critical (bound max((50 + 2 x 100) / 2, 100) = 125 s), so the rigid planner runs it first and job 0
     (100 steps) waits for it. Relaxed, job 1 starts on one GPU beside job 0: at 50 job 0 ends and job 1
     (100 steps done) takes both GPUs after a 10 s restart: 60 + 300 / 4 = 135."""
-    from slurmhet.planner.default_time import SlurmhetRelaxed
+    from slurmhet.policies.default import SlurmhetRelaxed
 
     inventory = Inventory((Node("a", {"v100": 2}),))
     rates = tiny({"x": {"v100": 2.0}})

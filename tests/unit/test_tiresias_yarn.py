@@ -1,8 +1,8 @@
 """Tiresias (2-queue discretised LAS) and YARN-CS on hand-computed instances, and their placement."""
 
 from slurmhet.cluster import Inventory, Node
-from slurmhet.planner.baselines import Tiresias, YarnCs, server_gang
-from slurmhet.planner.time_base import ClusterView, JobState
+from slurmhet.policies.baselines import Tiresias, YarnCs, server_gang
+from slurmhet.policies.base import ClusterView, JobState
 from slurmhet.sim import SimConfig, run_policies
 from slurmhet.sim.engine import capacity_of
 from slurmhet.sim.traces import TraceJob

@@ -22,7 +22,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable
 
-from slurmhet.planner.time_base import ClusterView, JobState, Placement, TimePolicy, make_gang
+from slurmhet.policies.base import ClusterView, JobState, Placement, TimePolicy, make_gang
 
 Gpu = tuple[str, str, int]  # (node, type, index)
 Picker = Callable[["PlanState", JobState, float, float], list[Gpu] | None]

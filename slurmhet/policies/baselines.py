@@ -19,9 +19,9 @@ from collections import defaultdict
 
 import pulp
 
-from slurmhet.planner.sjf_bco import Gpu, GpuPlanPolicy, PlanState, bisect_theta, build_plan
+from slurmhet.policies.sjf_bco import Gpu, GpuPlanPolicy, PlanState, bisect_theta, build_plan
 from slurmhet.planner.solver import pulp_highs
-from slurmhet.planner.time_base import (ClusterView, Free, JobState, Placement, TimePolicy, greedy_fill,
+from slurmhet.policies.base import (ClusterView, Free, JobState, Placement, TimePolicy, greedy_fill,
                                        make_gang)
 
 

@@ -11,8 +11,8 @@ and the job progresses at the sum of their rates. The engine charges the consoli
 
 from __future__ import annotations
 
-from slurmhet.planner.hadar import Hadar
-from slurmhet.planner.time_base import ClusterView, Placement
+from slurmhet.policies.hadar import Hadar
+from slurmhet.policies.base import ClusterView, Placement
 
 
 class HadarE(Hadar):

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
-from slurmhet.planner.time_base import ClusterView, Free, JobState, Placement, Slot, TimePolicy, make_gang
+from slurmhet.policies.base import ClusterView, Free, JobState, Placement, Slot, TimePolicy, make_gang
 
 
 @dataclass(frozen=True)

@@ -65,7 +65,7 @@ from slurmhet.forking import CopyCandidate, offer_copies
 from slurmhet.planner.critical import CRITICAL_SHARE, with_critical_path
 from slurmhet.planner.model import Allocation, ColocationSettings, JobPlan, PlanJob, PlanningInput
 from slurmhet.planner.registry import POLICIES
-from slurmhet.planner.time_base import ClusterView, Decision, JobState, Placement, TimePolicy, make_gang
+from slurmhet.policies.base import ClusterView, Decision, JobState, Placement, TimePolicy, make_gang
 from slurmhet.throughput import ThroughputEntry, ThroughputTable, canonical_key
 
 #: Memory every single-GPU job declares for the planner's co-location check (see the module doc).

@@ -24,7 +24,7 @@ from __future__ import annotations
 import pulp
 
 from slurmhet.planner.solver import pulp_highs
-from slurmhet.planner.time_base import ClusterView, Free, JobState, Placement, TimePolicy, make_gang
+from slurmhet.policies.base import ClusterView, Free, JobState, Placement, TimePolicy, make_gang
 
 
 def relaxation_order(view: ClusterView, jobs: list[JobState], rounds: int = 6) -> dict[int, float]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pulp
 
 from slurmhet.planner.solver import pulp_highs
-from slurmhet.planner.time_base import ClusterView, Free, JobState, Placement, TimePolicy
+from slurmhet.policies.base import ClusterView, Free, JobState, Placement, TimePolicy
 
 
 def max_min_fairness_lp(view: ClusterView, jobs: list[JobState]) -> dict[tuple[int, str], float]:

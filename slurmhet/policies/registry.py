@@ -4,16 +4,16 @@ from __future__ import annotations
 
 from typing import Callable
 
-from slurmhet.planner.baselines import (
+from slurmhet.policies.baselines import (
     FirstFit, GavelFifo, ListScheduling, RandomPlacement, SchedAllox, SchedHomo, Srtf, Tiresias, YarnCs,
 )
-from slurmhet.planner.default_time import SlurmhetOverTime
-from slurmhet.planner.gavel import GavelMaxMinFairness
-from slurmhet.planner.hadar import Hadar
-from slurmhet.planner.hadare import HadarE
-from slurmhet.planner.hare import Hare
-from slurmhet.planner.sjf_bco import SjfBco
-from slurmhet.planner.time_base import TimePolicy
+from slurmhet.policies.default import SlurmhetOverTime
+from slurmhet.policies.gavel import GavelMaxMinFairness
+from slurmhet.policies.hadar import Hadar
+from slurmhet.policies.hadare import HadarE
+from slurmhet.policies.hare import Hare
+from slurmhet.policies.sjf_bco import SjfBco
+from slurmhet.policies.base import TimePolicy
 
 PolicyFactory = Callable[..., TimePolicy]
 
