@@ -25,7 +25,7 @@ from slurmhet.policies.hadar import Hadar
 from slurmhet.policies.sjf_bco import SjfBco
 from slurmhet.policies.base import ClusterView, JobState
 from slurmhet.policies.registry import TIME_POLICIES
-from slurmhet.sim import SimConfig, default_throughputs, generate_trace, load_gavel_trace, run_policies
+from slurmhet.sim import GAVEL_SERVER_GPUS, SimConfig, default_throughputs, generate_trace, load_gavel_trace, run_policies
 from slurmhet.sim.contention import ContentionModel
 from slurmhet.sim.engine import capacity_of
 from slurmhet.sim.rates import RateModel, ThroughputSource
@@ -164,7 +164,10 @@ def case_hadar_seeds(quick: bool) -> dict[str, Any]:
     for seed in seeds:
         report = run_policies(hadar_jobs(96 if quick else 480, rates, seed), inventory, rates,
                               _policies(HADAR_POLICIES, 360.0), SimConfig(round_s=360.0, restart_s=10.0))
-        per_seed[str(seed)] = {n: {k: round(getattr(m, k), 3) for k in SEED_METRICS} for n, m in report.metrics.items()}
+        bound = report.bound
+        per_seed[str(seed)] = {n: {**{k: round(getattr(m, k), 3) for k in SEED_METRICS},
+                                   "ratio_to_bound": bound.ratios(m.avg_jct, m.makespan, m.weighted_jct) if bound else None}
+                               for n, m in report.metrics.items()}
     return {"seeds": list(seeds), "per_seed": per_seed, **median_over_seeds(per_seed)}
 
 
@@ -209,23 +212,51 @@ def case_sjfbco(quick: bool) -> dict[str, Any]:
     for kappa in sorted(set(sizes)):
         policy = SjfBco()
         policy.kappa = kappa
-        run = run_policies(jobs, inventory, rates, {"sjf-bco": policy}, SimConfig(restart_s=0.0))
+        run = run_policies(jobs, inventory, rates, {"sjf-bco": policy}, SimConfig(restart_s=0.0), with_bound=False)
         sweep[str(kappa)] = round(run.metrics["sjf-bco"].makespan, 3)
     return _report(report, {"kappa_sweep_makespan": sweep, "T": 1200})
 
 
+#: Gavel's own simulator on its own traces (avg JCT s, makespan s): stanford-futuredata/gavel at c4fa400, unchanged,
+#: run as ``python scripts/drivers/simulate_scheduler_with_trace.py -t traces/physical_cluster/<trace>.trace
+#: -p <policy> --seed 0 -c 8:16:24 --num_gpus_per_server 1:1:1 --solver ECOS --time_per_iteration 360
+#: --throughputs_file simulation_throughputs.json`` from its scheduler/ folder (bench/README.md, "Gavel, faithfully").
+GAVEL_OWN: dict[str, dict[str, tuple[float, float]]] = {
+    "max_min_fairness": {"gavel-mmf": (14622.820, 63944.529), "gavel-fifo": (19526.854, 72319.858)},
+    "minimize_makespan": {"gavel-fifo": (40257.935, 90701.292), "gavel-mmf": (35658.966, 68521.823),
+                          "gavel-mtd": (63774.726, 64720.835)},
+}
+
+
+def gavel_setup(spec: str) -> Inventory:
+    """Gavel's set-up of its traces: one server per GPU type (its multi-GPU throughputs ignore placement)."""
+    return parse_cluster_spec(spec, GAVEL_SERVER_GPUS)
+
+
 def case_gavel_trace(quick: bool) -> dict[str, Any]:
-    """Gavel's physical-cluster traces on 8 V100 + 16 P100 + 24 K80."""
-    inventory = parse_cluster_spec("v100:8,p100:16,k80:24", 4)
+    """Gavel's physical-cluster traces on 8 V100 + 16 P100 + 24 K80 in Gavel's set-up (free preemption, one server
+    per type), with each Gavel policy's figures over those of Gavel's own simulator (``vs_gavel_own``)."""
+    inventory = gavel_setup("v100:8,p100:16,k80:24")
     rates = RateModel(default_throughputs(), ContentionModel(inventory.inter_node_gbps))
     folder = TRACES if TRACES.is_dir() else SHARED_TRACES
     out = {}
     for name in ("max_min_fairness", "minimize_makespan"):
         jobs = load_gavel_trace(folder / f"{name}.trace", rates.source.job_types())
         jobs = jobs[:24] if quick else jobs
-        report = run_policies(jobs, inventory, rates, _policies(["slurmhet", "gavel-mmf", "gavel-fifo"], 360.0),
-                              SimConfig(round_s=360.0, restart_s=10.0))
-        out[name] = _report(report)
+        report = run_policies(jobs, inventory, rates,
+                              _policies(["slurmhet", "gavel-mmf", "gavel-fifo", "gavel-mtd"], 360.0),
+                              SimConfig(round_s=360.0, restart_s=0.0))
+        extra: dict[str, Any] = {}
+        if not quick:
+            own = GAVEL_OWN[name]
+            extra["gavel_own"] = {p: {"avg_jct": a, "makespan": m} for p, (a, m) in own.items()}
+            extra["vs_gavel_own"] = {p: {"avg_jct": round(report.metrics[p].avg_jct / a, 4),
+                                         "makespan": round(report.metrics[p].makespan / m, 4)}
+                                     for p, (a, m) in own.items()}
+            extra["slurmhet_vs_gavel_own"] = {p: {"avg_jct": round(a / report.metrics["slurmhet"].avg_jct, 4),
+                                                  "makespan": round(m / report.metrics["slurmhet"].makespan, 4)}
+                                              for p, (a, m) in own.items()}
+        out[name] = _report(report, extra)
     return {"traces": out}
 
 

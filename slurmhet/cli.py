@@ -557,19 +557,28 @@ def _progress_bar(total_label: str) -> Any:
 @click.option("--generate", "generate_n", type=click.IntRange(min=1), default=None, help="a seeded Gavel-style trace")
 @click.option("--arrivals", type=click.Choice(["poisson", "zero"]), default="poisson", show_default=True)
 @click.option("--cluster", "cluster_spec", required=True, help="v100:20,p100:20,k80:20 or a cluster YAML")
-@click.option("--gpus-per-node", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=None,
+              help="GPUs per server [Gavel traces: one server per GPU type, as Gavel's throughputs assume; else 4]")
 @click.option("--policy", "policy_list", default="slurmhet", show_default=True, help="comma-separated policy keys")
 @click.option("--round-s", type=float, default=360.0, show_default=True)
-@click.option("--restart-s", type=float, default=10.0, show_default=True, help="checkpoint-restart cost of a move")
+@click.option("--restart-s", type=float, default=None,
+              help="checkpoint-restart cost of a move [Gavel traces: 0, as Gavel's simulator; else 10]")
 @click.option("--start-s", type=float, default=0.0, show_default=True,
               help="start-up cost of a job's first start (measure it on your site)")
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--json", "as_json", is_flag=True)
+@click.option("--bound", "with_bound", is_flag=True,
+              help="lower bounds on avg JCT, weighted JCT and makespan for this instance, and each policy's ratio")
+@click.option("--json", "as_json", is_flag=True, help="one JSON document, with every job's record under each policy")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False), default=None)
-def simulate(trace_path: str | None, generate_n: int | None, arrivals: str, cluster_spec: str, gpus_per_node: int,
-             policy_list: str, round_s: float, restart_s: float, start_s: float, seed: int, as_json: bool,
-             plot_dir: str | None) -> None:
-    """Replay a trace on a simulated cluster under one or more policies (same planners as submit)."""
+def simulate(trace_path: str | None, generate_n: int | None, arrivals: str, cluster_spec: str,
+             gpus_per_node: int | None, policy_list: str, round_s: float, restart_s: float | None, start_s: float,
+             seed: int, with_bound: bool, as_json: bool, plot_dir: str | None) -> None:
+    """Replay a trace on a simulated cluster under one or more policies (same planners as submit).
+
+    A Gavel trace (``.trace`` or ``--generate``) runs in Gavel's set-up unless the flags say otherwise:
+    one server per GPU type (Gavel's multi-GPU throughputs do not depend on placement) and free
+    preemption (its simulator charges none), so its figures and ours compare.
+    """
     from slurmhet import sim
     from slurmhet.cluster import load_inventory_yaml, parse_cluster_spec
 
@@ -581,6 +590,11 @@ def simulate(trace_path: str | None, generate_n: int | None, arrivals: str, clus
                 else sim.load_gavel_trace(trace_path))
     else:
         jobs = sim.generate_trace(generate_n or 0, seed, arrivals)
+    gavel_setup = trace_path is None or not trace_path.lower().endswith(".csv")
+    if gpus_per_node is None:
+        gpus_per_node = sim.GAVEL_SERVER_GPUS if gavel_setup else 4
+    if restart_s is None:
+        restart_s = 0.0 if gavel_setup else 10.0
     inventory = (load_inventory_yaml(Path(cluster_spec)) if cluster_spec.lower().endswith((".yaml", ".yml"))
                  else parse_cluster_spec(cluster_spec, gpus_per_node))
     policies = [p.strip() for p in policy_list.split(",") if p.strip()]
@@ -591,11 +605,12 @@ def simulate(trace_path: str | None, generate_n: int | None, arrivals: str, clus
             bar.update(task, completed=index, description=f"simulating {name}")
 
         report = sim.simulate(jobs, inventory, None, policies, round_s=round_s, seed=seed, progress=progress,
-                              restart_s=restart_s, start_s=start_s)
+                              restart_s=restart_s, start_s=start_s, bound=with_bound)
+    report.meta.update(setup="gavel" if gavel_setup else "slurmhet", gpus_per_node=gpus_per_node)
     if plot_dir:
         for path in sim.write_plots(report, plot_dir):
             err_console.print(f"wrote {path}", markup=False)
-    data = report.to_json()
+    data = report.to_json(jobs=as_json)
     if as_json:
         _emit_json(data)
         return
@@ -603,9 +618,19 @@ def simulate(trace_path: str | None, generate_n: int | None, arrivals: str, clus
     table.add_column("policy", no_wrap=True)
     for _, header, _, _ in SIMULATE_COLUMNS:
         table.add_column(header, justify="right", no_wrap=True)
+    bound = data.get("bound")
+    if bound:
+        table.add_column("JCT/LB", justify="right", no_wrap=True)
+        table.add_column("span/LB", justify="right", no_wrap=True)
     for name, metrics in data["policies"].items():
-        table.add_row(name, *(form.format(metrics[key] * scale) if isinstance(metrics.get(key), (int, float)) else "-"
-                              for key, _, scale, form in SIMULATE_COLUMNS))
+        cells = [form.format(metrics[key] * scale) if isinstance(metrics.get(key), (int, float)) else "-"
+                 for key, _, scale, form in SIMULATE_COLUMNS]
+        ratio = metrics.get("ratio_to_bound") or {}
+        extra = [f"{ratio[k]:.3f}" if ratio.get(k) is not None else "-" for k in ("avg_jct", "makespan")] if bound else []
+        table.add_row(name, *cells, *extra)
+    if bound:
+        table.add_row("lower bound", *(form.format(bound[key] * scale) if key in bound else ""
+                                       for key, _, scale, form in SIMULATE_COLUMNS), "1", "1")
     console.print(table)
 
 

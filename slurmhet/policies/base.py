@@ -209,6 +209,13 @@ class TimePolicy:
     round_based: bool = False
     #: How a gang spanning GPU types shares work: "barrier" (slowest gates) or "proportional".
     sharding: str = "barrier"
+    #: May run a job as several forked copies (HadarE); otherwise the engine holds a job to one gang of at most
+    #: its requested GPUs, which the instance bounds (``sim.bounds``) rely on.
+    forks: bool = False
+    #: A round ends as soon as every job running in it has finished (Gavel's simulator), not only after ``round_s``.
+    round_ends_when_done: bool = False
+    #: May co-locate single-GPU jobs on one GPU (a ``Decision``'s ``shared`` groups); the engine refuses it otherwise.
+    colocates: bool = False
 
     def __init__(self, seed: int = 0, round_s: float = 360.0) -> None:
         self.seed = seed

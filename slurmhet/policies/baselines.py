@@ -1,7 +1,5 @@
-"""Baseline policies over time, each as its paper describes it.
+"""Baseline policies over time, each as its paper describes it (Gavel's are in ``gavel``).
 
-- ``GavelFifo`` (Hare's Gavel_FIFO, Gavel's fifo_perf): arrival order, the fastest GPU type
-  with enough idle GPUs, otherwise the head job waits; non-preemptive.
 - ``Srtf``: shortest remaining time (on the job's fastest type) first, preemptive at events.
 - ``SchedHomo`` (Hare's Sched_Homo): weighted shortest processing time (Smith's rule) with
   heterogeneity-oblivious durations (mean over types), type-blind, job-level non-preemptive.
@@ -38,13 +36,6 @@ def blind_gang(view: ClusterView, job: JobState, free: Free) -> Placement | None
     """Any idle GPUs, first fit in node order, ignoring speed (only types that can hold the job)."""
     gang = free.gang_any(job.gpus, view.node_order, view.runnable_types(job))
     return (gang,) if gang is not None else None
-
-
-class GavelFifo(TimePolicy):
-    key = "gavel-fifo"
-
-    def decide(self, view: ClusterView) -> dict[int, Placement]:
-        return greedy_fill(view, view.jobs, lambda j, f: fastest_gang(view, j, f), preemptive=False, block=True)
 
 
 class Srtf(TimePolicy):

@@ -85,6 +85,7 @@ def workload_of(job: JobState) -> str:
 class SlurmhetOverTime(TimePolicy):
     key = "slurmhet"
     sharding = "proportional"
+    colocates = True
     #: False: running jobs are pinned (``pin_running=True``), as ``slurmhet submit`` plans a live cluster.
     #: True: every decision re-plans every job, so the plan may preempt or move running jobs (each move
     #: pays the engine's checkpoint-restart).
@@ -94,8 +95,7 @@ class SlurmhetOverTime(TimePolicy):
     colocation = ColocationSettings(max_group=2)
     #: Fork jobs into copies on the GPUs the plan leaves idle (HadarE's Job Forker, ``forking.job_forker``'s
     #: rules), as ``slurmhet submit`` does for ``sync: local-sgd`` jobs; a set-up whose jobs may all be
-    #: forked uses :class:`SlurmhetForking`.
-    fork = False
+    #: forked uses :class:`SlurmhetForking` (``forks`` is the base class's flag).
     #: Jobs may run on fewer GPUs than their scale (``min_gpus = 1``), as a spec with ``gpus.min < gpus.max``
     #: does under slurmhet's proportional sharding; a set-up whose jobs all may uses :class:`SlurmhetRelaxed`.
     elastic = False
@@ -116,7 +116,7 @@ class SlurmhetOverTime(TimePolicy):
             placements[job_id] = (make_gang({(n, t): c for n, t, c in job_plan.allocation.slots}),)
             if job_plan.colocation_group:
                 groups[job_plan.colocation_group].append(job_id)
-        if self.fork:
+        if self.forks:
             fork_onto_idle(view, sorted(plan.jobs, key=lambda jp: (jp.allocation is None, jp.order, jp.job_id)),
                            placements)
         return Decision(placements, (tuple(sorted(g)) for g in groups.values()))
@@ -181,7 +181,7 @@ class SlurmhetForking(SlurmhetOverTime):
     """
 
     round_based = True
-    fork = True
+    forks = True
     critical_share = math.inf
 
 

@@ -17,6 +17,7 @@ from slurmhet.policies.base import ClusterView, Placement
 
 class HadarE(Hadar):
     key = "hadare"
+    forks = True
 
     def decide(self, view: ClusterView) -> dict[int, Placement]:
         out = super().decide(view)

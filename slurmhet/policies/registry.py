@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Callable
 
 from slurmhet.policies.baselines import (
-    FirstFit, GavelFifo, ListScheduling, RandomPlacement, SchedAllox, SchedHomo, Srtf, Tiresias, YarnCs,
+    FirstFit, ListScheduling, RandomPlacement, SchedAllox, SchedHomo, Srtf, Tiresias, YarnCs,
 )
 from slurmhet.policies.default import SlurmhetOverTime
-from slurmhet.policies.gavel import GavelMaxMinFairness
+from slurmhet.policies.gavel import GavelFifo, GavelMaxMinFairness, GavelMinTotalDuration
 from slurmhet.policies.hadar import Hadar
 from slurmhet.policies.hadare import HadarE
 from slurmhet.policies.hare import Hare
@@ -24,6 +24,7 @@ TIME_POLICIES: dict[str, PolicyFactory] = {
     "hadare": HadarE,
     "gavel-fifo": GavelFifo,
     "gavel-mmf": GavelMaxMinFairness,
+    "gavel-mtd": GavelMinTotalDuration,
     "srtf": Srtf,
     "sched-homo": SchedHomo,
     "sched-allox": SchedAllox,

@@ -7,12 +7,13 @@ loaders ``load_gavel_trace`` / ``load_csv_trace``, ``generate_trace`` and ``writ
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from slurmhet.cluster import Inventory
 from slurmhet.errors import InputError
 from slurmhet.policies.base import TimePolicy
 from slurmhet.policies.registry import TIME_POLICIES
+from slurmhet.sim.bounds import InstanceBounds, instance_bounds
 from slurmhet.sim.contention import ContentionModel
 from slurmhet.sim.engine import Engine, PolicyStarved, SimConfig, SimulationError
 from slurmhet.sim.generator import generate_trace
@@ -22,8 +23,12 @@ from slurmhet.sim.traces import TraceJob, load_csv_trace, load_gavel_trace, reso
 
 __all__ = [
     "simulate", "run_policies", "load_gavel_trace", "load_csv_trace", "generate_trace", "write_plots", "default_throughputs",
-    "SimReport", "SimConfig", "SimulationError", "TraceJob", "RateModel",
+    "SimReport", "SimConfig", "SimulationError", "TraceJob", "RateModel", "InstanceBounds", "bounds_for",
 ]
+
+#: Gavel's set-up: a multi-GPU job's throughput is the table's consolidated cell wherever it runs, which the
+#: simulator models as one server per GPU type (no gang ever spans servers) with this many GPUs.
+GAVEL_SERVER_GPUS = 1_000_000
 
 SHIPPED_TABLE = Path(__file__).resolve().parent.parent / "data" / "gavel" / "simulation_throughputs.json"
 
@@ -43,11 +48,11 @@ def simulate(trace_jobs: Sequence[TraceJob], inventory: Inventory, table: Throug
              policies: Sequence[str], round_s: float = 360.0, seed: int = 0,
              progress: Callable[[str, int, int], None] | None = None, *, restart_s: float = 10.0,
              consolidate_s: float = 10.0, start_s: float = 0.0,
-             contention: ContentionModel | None = None) -> SimReport:
+             contention: ContentionModel | None = None, bound: bool = False) -> SimReport:
     """Run every policy on the same jobs and cluster; ``progress(policy, index, total)`` is called per policy.
 
     ``start_s`` is what a job's first start costs a live cluster (start-up, rendezvous);
-    the papers' set-ups charge nothing.
+    the papers' set-ups charge nothing. ``bound``: add the instance's lower bounds (``sim.bounds``).
     """
     unknown = [p for p in policies if p not in TIME_POLICIES]
     if unknown or not policies:
@@ -75,7 +80,7 @@ def simulate(trace_jobs: Sequence[TraceJob], inventory: Inventory, table: Throug
     config = SimConfig(round_s=round_s, restart_s=restart_s, consolidate_s=consolidate_s, start_s=start_s)
     instances = {name: TIME_POLICIES[name](seed=seed, round_s=round_s) for name in policies}
     try:
-        report = run_policies(jobs, usable, rates, instances, config, progress)
+        report = run_policies(jobs, usable, rates, instances, config, progress, with_bound=bound)
     except PolicyStarved as exc:
         types = ", ".join(f"{t} {c}" for t, c in sorted(usable.gpus_by_type().items()))
         raise InputError(f"{exc} (GPUs per type: {types})", place=f"--policy {exc.policy}",
@@ -85,9 +90,19 @@ def simulate(trace_jobs: Sequence[TraceJob], inventory: Inventory, table: Throug
     return report
 
 
+def bounds_for(jobs: Sequence[TraceJob], inventory: Inventory, rates: RateModel, policies: Iterable[TimePolicy],
+               start_s: float = 0.0) -> InstanceBounds:
+    """The instance's lower bounds, valid for every one of ``policies`` (forking or co-locating if any does)."""
+    chosen = list(policies)
+    return instance_bounds(jobs, inventory.gpus_by_type(), rates, start_s=start_s,
+                           forks=any(p.forks for p in chosen), colocates=any(p.colocates for p in chosen))
+
+
 def run_policies(jobs: Sequence[TraceJob], inventory: Inventory, rates: RateModel, policies: Mapping[str, TimePolicy],
-                 config: SimConfig, progress: Callable[[str, int, int], None] | None = None) -> SimReport:
-    """Run prepared policy instances on the same resolved jobs (steps known) and cluster."""
+                 config: SimConfig, progress: Callable[[str, int, int], None] | None = None, *,
+                 with_bound: bool = True) -> SimReport:
+    """Run prepared policy instances on the same resolved jobs (steps known) and cluster, with the instance's
+    lower bounds (``sim.bounds``) unless ``with_bound`` is false."""
     metrics, runs = {}, {}
     for index, (name, policy) in enumerate(policies.items()):
         if progress:
@@ -97,4 +112,5 @@ def run_policies(jobs: Sequence[TraceJob], inventory: Inventory, rates: RateMode
     if progress:
         progress("", len(policies), len(policies))
     meta: dict[str, Any] = {"jobs": len(jobs), "gpus": sum(inventory.gpus_by_type().values())}
-    return SimReport(metrics, runs, meta)
+    bound = bounds_for(jobs, inventory, rates, policies.values(), config.start_s) if with_bound else None
+    return SimReport(metrics, runs, meta, bound)

@@ -2,7 +2,9 @@
 
 Between two events (arrival, completion, round boundary, decision) every running
 job progresses at a constant rate, so the engine jumps from event to event and
-never steps through time. A changed allocation costs a checkpoint-restart
+never steps through time. A round ends after ``round_s``; for a policy with
+``round_ends_when_done`` also when every job running in it has finished (Gavel's
+simulator, where a round lasts as long as its longest job). A changed allocation costs a checkpoint-restart
 (``restart_s``) during which the job holds its GPUs but makes no progress; a first
 start costs ``start_s`` the same way (process start-up, rendezvous: what a live
 cluster charges every job); a job running as several forked copies pays
@@ -65,6 +67,15 @@ class JobRecord:
     done_steps: float
     isolated_s: float
     restarts: int
+    #: Most GPUs of each type the job held at once, and its GPU-seconds per type.
+    gpu_types: dict[str, int] = field(default_factory=dict)
+    gpu_seconds: dict[str, float] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, object]:
+        return {"id": self.job_id, "arrival": round(self.arrival, 3), "start": round(self.first_start, 3),
+                "end": round(self.finish, 3), "gpus": self.gpus, "gpu_types": dict(sorted(self.gpu_types.items())),
+                "gpu_seconds": {t: round(v, 1) for t, v in sorted(self.gpu_seconds.items())},
+                "restarts": self.restarts}
 
 
 @dataclass
@@ -113,6 +124,8 @@ class Engine:
         self.active: dict[int, JobState] = {}
         self.restart_left: dict[int, float] = {}
         self.done_steps: dict[int, float] = {}
+        self.peak: dict[int, dict[str, int]] = {}
+        self.gpu_seconds: dict[int, dict[str, float]] = {}
         self.shared: tuple[tuple[int, ...], ...] = ()
         self.shared_rate: dict[int, float] = {}
         self.run_out = PolicyRun(policy.key, sum(self.capacity.values()))
@@ -141,7 +154,11 @@ class Engine:
             idle_rounds = 0 if running or self.pending else idle_rounds + 1
             if not horizon or idle_rounds > 3:
                 raise PolicyStarved(self.policy.key, self.now, sorted(self.active.values(), key=lambda j: j.job_id))
-            dirty |= self._advance(max(min(horizon), self.now), rates)
+            finished = self._advance(max(min(horizon), self.now), rates)
+            dirty |= finished
+            if (round_policy and finished and self.policy.round_ends_when_done
+                    and not any(j.running for j in self.active.values())):
+                next_round = min(next_round, self.now)
         return self.run_out
 
     def _admit(self) -> bool:
@@ -152,6 +169,7 @@ class Engine:
             self.active[job.job_id] = JobState(job.job_id, job.job_type, job.gpus, job.weight, job.arrival, steps, steps)
             self.restart_left[job.job_id] = 0.0
             self.done_steps[job.job_id] = 0.0
+            self.peak[job.job_id], self.gpu_seconds[job.job_id] = {}, {}
             admitted = True
         return admitted
 
@@ -164,6 +182,13 @@ class Engine:
         self.run_out.plan_seconds.append(time.perf_counter() - started)
         decision = {j: p for j, p in answer.items() if p and j in self.active}
         self.shared = tuple(tuple(g) for g in getattr(answer, "shared", ()))
+        if self.shared and not self.policy.colocates:
+            raise SimulationError(f"{self.policy.key} co-locates jobs {self.shared[0]} but does not declare colocates")
+        if not self.policy.forks:
+            for job_id, placement in decision.items():
+                if len(placement) > 1 or sum(gang_size(g) for g in placement) > self.active[job_id].gpus:
+                    raise SimulationError(f"{self.policy.key}: job {job_id} asks {self.active[job_id].gpus} GPUs and "
+                                          f"got {placement}; only a policy that forks may give more")
         check_capacity(decision, self.capacity, self.shared)
         self.shared_rate = self._price_groups(decision)
         for job_id, state in self.active.items():
@@ -178,6 +203,9 @@ class Engine:
                 else:
                     self.restart_left[job_id] = self.config.start_s if new else 0.0
                 state.placement = new
+                peak = self.peak[job_id]
+                for gpu_type, count in _by_type(new).items():
+                    peak[gpu_type] = max(peak.get(gpu_type, 0), count)
             if len(new) > 1:
                 self.restart_left[job_id] = max(self.restart_left[job_id], self.config.consolidate_s)
             if new and state.first_start is None:
@@ -229,9 +257,11 @@ class Engine:
             self.restart_left[job_id] -= pause
             gpus = sum(gang_size(g) for g in state.placement)
             state.attained_gpu_s += gpus * dt
+            used = self.gpu_seconds[job_id]
             for gang in state.placement:
                 for _, gpu_type, count in gang:
                     state.received_s[gpu_type] = state.received_s.get(gpu_type, 0.0) + dt * count / gpus
+                    used[gpu_type] = used.get(gpu_type, 0.0) + dt * count
             progress = rate * (dt - pause)
             if progress >= state.remaining * (1 - EPS) or state.remaining - progress <= EPS * state.total_steps:
                 progress = state.remaining
@@ -251,4 +281,13 @@ class Engine:
         self.run_out.records.append(JobRecord(
             state.job_id, state.weight, state.gpus, state.arrival,
             state.first_start if state.first_start is not None else self.now, self.now, state.total_steps,
-            self.done_steps[state.job_id], state.total_steps / best if best > 0 else 0.0, state.restarts))
+            self.done_steps[state.job_id], state.total_steps / best if best > 0 else 0.0, state.restarts,
+            self.peak.pop(state.job_id), self.gpu_seconds.pop(state.job_id)))
+
+
+def _by_type(placement: Placement) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for gang in placement:
+        for _, gpu_type, count in gang:
+            out[gpu_type] = out.get(gpu_type, 0) + count
+    return out

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from slurmhet.sim.bounds import InstanceBounds
 from slurmhet.sim.engine import PolicyRun
 
 METRIC_KEYS = ("avg_jct", "weighted_jct", "makespan", "utilization", "avg_queue", "jain", "plan_seconds")
@@ -75,9 +76,22 @@ class SimReport:
     metrics: dict[str, PolicyMetrics]
     runs: dict[str, PolicyRun] = field(default_factory=dict, repr=False)
     meta: dict[str, Any] = field(default_factory=dict)
+    #: Lower bounds valid for every policy of the run (``sim.bounds``), when asked for.
+    bound: InstanceBounds | None = None
 
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"policies": {name: m.to_json() for name, m in self.metrics.items()}}
+    def to_json(self, jobs: bool = False) -> dict[str, Any]:
+        """Metrics per policy (plus ``ratio_to_bound`` with a bound, and per-job records with ``jobs``)."""
+        policies: dict[str, Any] = {}
+        for name, m in self.metrics.items():
+            row: dict[str, Any] = m.to_json()
+            if self.bound is not None:
+                row["ratio_to_bound"] = self.bound.ratios(m.avg_jct, m.makespan, m.weighted_jct)
+            if jobs and name in self.runs:
+                row["jobs"] = [r.to_json() for r in sorted(self.runs[name].records, key=lambda r: r.job_id)]
+            policies[name] = row
+        out: dict[str, Any] = {"policies": policies}
+        if self.bound is not None:
+            out["bound"] = self.bound.to_json()
         if self.meta:
             out["meta"] = self.meta
         return out

@@ -101,6 +101,7 @@ class ShareOne(TimePolicy):
     """Puts every active job on node a's V100 as one co-located group."""
 
     key = "share"
+    colocates = True
 
     def decide(self, view):
         gang = (("a", "v100", 1),)

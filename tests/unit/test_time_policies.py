@@ -35,11 +35,16 @@ EXPECTED = {
     "hadar": {0: 100.0, 1: 100.0},
     # No idle node to fork onto while both run.
     "hadare": {0: 100.0, 1: 100.0},
-    # FIFO: job 0 takes the fastest type, job 1 the K80.
+    # fifo_perf: job 0 takes the fastest type with room, job 1 the K80; both keep them.
     "gavel-fifo": {0: 100.0, 1: 100.0},
-    # LP round 1 gives job 1 the V100 (ends 50); at the 60 s round job 0 (60 steps done on the
-    # K80) moves to the V100: 60 + 10 + 140 / 2 = 140.
-    "gavel-mmf": {1: 50.0, 0: 140.0},
+    # The LP gives each job half of each type (each 1.5 steps/s, the max-min). Round 0: equal priorities,
+    # id order: job 0 on the V100, job 1 on the K80. At 60 each has had only the other type since the
+    # reset (priority 0.5 / (30 / 120) = 2 vs 0.667), so they swap (restart 10): job 1 has 40 steps left,
+    # ends 60 + 10 + 20 = 90; job 0 does 50 on the K80 (30 left). At 120 the job set changed and the last
+    # reset was at 0, so the LP is re-solved: job 0 alone on the V100, 120 + 10 + 15 = 145.
+    "gavel-mmf": {1: 90.0, 0: 145.0},
+    # min_total_duration: the smallest horizon is 100 s (job 0 on the V100, job 1 on the K80), as allocated.
+    "gavel-mtd": {0: 100.0, 1: 100.0},
     # SRTF: job 1 first on the V100; job 0 keeps the K80 it already runs on.
     "srtf": {1: 50.0, 0: 200.0},
     # Smith's rule (job 1 first), type-blind first fit: node a, then node b.

@@ -1,0 +1,246 @@
+"""Lower bounds on a simulated instance's makespan, average JCT and weighted JCT.
+
+A bound holds for every schedule the engine can run on the instance (the jobs with
+their arrivals, steps and weights, the cluster's GPUs per type, the rate model), so
+``metric / bound >= 1`` for every policy and the ratio says how far a policy is from
+the best any scheduler could do. The engine's facts the proofs rest on:
+
+(E1) A job holding GPUs ``G`` progresses at most ``sum_{i in G} u[j, type(i)]``
+     worker-steps/s, where ``u[j, g] = 1 / tau_g`` is its per-GPU task rate at its
+     requested scale (``RateModel.task_seconds``): barrier, proportional and relaxed
+     (fewer GPUs than tasks) gangs all take at least ``k / sum 1/tau`` per iteration,
+     communication, contention, restarts, start-up and consolidation only subtract.
+(E2) A GPU serves one job, except a co-located pair on one GPU of type ``g`` running at
+     the measured ``(r_a, r_b)``; ``gamma[g] >= 1`` is the largest
+     ``r_a / u[a, g] + r_b / u[b, g]`` over the pairs the instance's jobs could form
+     (1 when the run has no co-locating policy). Each GPU-second of type ``g`` so yields
+     at most ``gamma[g]`` GPU-seconds' worth of isolated work on ``g``; a co-located job's
+     own rate is at most ``v[j, g] = max(u[j, g], its best measured co-located rate)``.
+(E3) Without forking (``forks`` false, checked by the engine) a job holds at most ``k_j``
+     GPUs at a time; with forking, any number.
+(E4) A job's first start costs ``start_s`` without progress.
+
+Charging every job ``p_j = S_j / max_g(u[j, g] gamma[g])`` GPU-seconds (its steps at
+the best work per GPU-second it can get anywhere) turns any schedule into a *pooled*
+one on a single machine of speed ``C`` = all GPUs, in which a job runs at most at rate
+``rho_j C`` with ``rho_j = min(1, k_j / C)`` (``rho_j = 1`` with forking): by (E1)-(E2)
+the charged rate of all jobs together never exceeds ``C``.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import highspy
+import numpy as np
+
+from slurmhet.planner.solver import highs
+from slurmhet.sim.rates import RateModel
+from slurmhet.sim.traces import TraceJob
+
+#: The makespan LP is solved for at most this many arrival thresholds (any subset is valid).
+MAX_THRESHOLDS = 48
+
+
+@dataclass(frozen=True)
+class InstanceBounds:
+    """Valid lower bounds, in seconds, on the metrics ``sim.metrics`` reports."""
+
+    makespan: float
+    avg_jct: float
+    weighted_jct: float
+
+    def to_json(self) -> dict[str, float]:
+        return {"avg_jct": round(self.avg_jct, 3), "makespan": round(self.makespan, 3),
+                "weighted_jct": round(self.weighted_jct, 3)}
+
+    def ratios(self, avg_jct: float, makespan: float, weighted_jct: float) -> dict[str, float | None]:
+        """Metric over bound for each metric (None where the bound is 0)."""
+        pairs = (("avg_jct", avg_jct, self.avg_jct), ("makespan", makespan, self.makespan),
+                 ("weighted_jct", weighted_jct, self.weighted_jct))
+        return {k: (round(v / b, 4) if b > 0 else None) for k, v, b in pairs}
+
+
+@dataclass(frozen=True)
+class _Instance:
+    steps: np.ndarray     # S_j worker-steps
+    gpus: np.ndarray      # k_j
+    arrival: np.ndarray   # r_j
+    weight: np.ndarray    # w_j
+    u: np.ndarray         # per-GPU isolated rate [job, type]
+    own: np.ndarray       # v[j, g]: best own rate per GPU, co-located included
+    capacity: np.ndarray  # C_g
+    gamma: np.ndarray     # gamma_g
+
+
+def instance_bounds(jobs: Sequence[TraceJob], capacity: Mapping[str, int], rates: RateModel, *,
+                    start_s: float = 0.0, forks: bool = False, colocates: bool = False) -> InstanceBounds:
+    """Lower bounds for ``jobs`` (steps resolved) on ``capacity`` GPUs per type under ``rates``.
+
+    ``forks``/``colocates``: whether any policy measured against the bound may fork a job
+    into copies or co-locate two jobs on a GPU; the bound then allows it too (weaker).
+    """
+    inst = _instance(jobs, capacity, rates, colocates)
+    if len(inst.steps) == 0:
+        return InstanceBounds(0.0, 0.0, 0.0)
+    alone = _alone_seconds(inst, forks) + start_s
+    pooled = inst.steps / (inst.u * inst.gamma[None, :]).max(axis=1)  # p_j, GPU-seconds
+    total = float(inst.capacity.sum())
+    rho = np.ones(len(pooled)) if forks else np.minimum(1.0, inst.gpus / total)
+    first = float(inst.arrival.min())
+    makespan = max(float((inst.arrival + alone).max()) - first, _fluid_makespan(inst, forks) - first)
+    srpt = _srpt_completions(inst.arrival, pooled / total)
+    jct_sum = max(float((srpt - inst.arrival).sum()), float(alone.sum()))
+    busy = _wspt_mean_busy(inst.arrival, pooled / total, inst.weight)
+    weighted = max(float((inst.weight * (busy + pooled / (total * rho) / 2 - inst.arrival)).sum()),
+                   float((inst.weight * alone).sum()))
+    return InstanceBounds(makespan, jct_sum / len(pooled), weighted)
+
+
+def _instance(jobs: Sequence[TraceJob], capacity: Mapping[str, int], rates: RateModel, colocates: bool) -> _Instance:
+    types = sorted(t for t, c in capacity.items() if c > 0)
+    u = np.array([[rates.type_rate(j.job_type, j.gpus, t) / j.gpus for t in types] for j in jobs]).reshape(len(jobs),
+                                                                                                          len(types))
+    own = u.copy()
+    gamma = np.ones(len(types))
+    if colocates:
+        singles = sorted({j.job_type for j in jobs if j.gpus == 1})
+        solo = {(a, t): rates.type_rate(a, 1, t) for a in singles for t in types}
+        best_own: dict[tuple[str, str], float] = {}
+        for gi, t in enumerate(types):
+            for a in singles:
+                for b in singles:
+                    pair = rates.colocated_rates((a, b), t)
+                    if not pair or solo[(a, t)] <= 0 or solo[(b, t)] <= 0:
+                        continue
+                    gamma[gi] = max(gamma[gi], pair[0] / solo[(a, t)] + pair[1] / solo[(b, t)])
+                    best_own[(a, t)] = max(best_own.get((a, t), 0.0), pair[0])
+        for ji, job in enumerate(jobs):
+            for gi, t in enumerate(types):
+                if job.gpus == 1:
+                    own[ji, gi] = max(own[ji, gi], best_own.get((job.job_type, t), 0.0))
+    return _Instance(
+        steps=np.array([float(j.total_steps or 0.0) for j in jobs]), gpus=np.array([float(j.gpus) for j in jobs]),
+        arrival=np.array([j.arrival for j in jobs], dtype=float), weight=np.array([j.weight for j in jobs], dtype=float),
+        u=u, own=own, capacity=np.array([float(capacity[t]) for t in types]), gamma=gamma)
+
+
+def _alone_seconds(inst: _Instance, forks: bool) -> np.ndarray:
+    """Each job's run time with the whole cluster to itself: (E1)-(E3) cap its rate at the sum of the ``k_j``
+    best per-GPU rates among the cluster's GPUs (all of them with forking)."""
+    out = np.empty(len(inst.steps))
+    for j in range(len(inst.steps)):
+        order = np.argsort(-inst.own[j])
+        left = float(inst.capacity.sum()) if forks else inst.gpus[j]
+        rate = 0.0
+        for g in order:
+            take = min(left, inst.capacity[g])
+            rate += take * inst.own[j, g]
+            left -= take
+            if left <= 0:
+                break
+        out[j] = inst.steps[j] / rate if rate > 0 else float("inf")
+    return out
+
+
+def _fluid_makespan(inst: _Instance, forks: bool) -> float:
+    """max over arrival thresholds ``a`` of ``a + T_a``, ``T_a`` the fluid LP's time for the jobs arriving at ``a``
+    or later.
+
+    Validity: the jobs arriving at or after ``a`` run entirely inside ``[a, end]``; giving job ``j``
+    ``y[j, g]`` GPU-seconds of type ``g`` there, (E1)-(E2) need ``sum_g y[j, g] u[j, g] gamma[g] >= S_j`` and
+    capacity gives ``sum_j y[j, g] <= C_g (end - a)``; (E3) adds ``sum_g y[j, g] <= k_j (end - a)``. The LP's
+    minimum ``T_a`` so satisfies ``end - a >= T_a`` for every schedule.
+    """
+    arrivals = np.unique(inst.arrival)
+    if len(arrivals) > MAX_THRESHOLDS:
+        arrivals = np.unique(arrivals[np.linspace(0, len(arrivals) - 1, MAX_THRESHOLDS).round().astype(int)])
+    best = 0.0
+    for a in arrivals:
+        members = np.flatnonzero(inst.arrival >= a)
+        best = max(best, float(a) + _fluid_time(inst, members, forks))
+    return best
+
+
+def _fluid_time(inst: _Instance, members: np.ndarray, forks: bool) -> float:
+    work = inst.u[members] * inst.gamma[None, :]
+    n, m = work.shape
+    model = highs()
+    inf = highspy.kHighsInf
+    # Columns: y[j, g] for each (j, g) with work > 0, then T.
+    cells = [(j, g) for j in range(n) for g in range(m) if work[j, g] > 0]
+    index = {cell: i for i, cell in enumerate(cells)}
+    t_col = len(cells)
+    model.addVars(len(cells) + 1, np.zeros(len(cells) + 1), np.full(len(cells) + 1, inf))
+    model.changeColCost(t_col, 1.0)
+    for j in range(n):
+        cols = [index[(j, g)] for g in range(m) if (j, g) in index]
+        model.addRow(float(inst.steps[members[j]]), inf, len(cols), np.array(cols, dtype=np.int32),
+                     np.array([work[j, g] for g in range(m) if (j, g) in index]))
+        if not forks:
+            model.addRow(0.0, inf, len(cols) + 1, np.array([t_col, *cols], dtype=np.int32),
+                         np.array([inst.gpus[members[j]], *([-1.0] * len(cols))]))
+    for g in range(m):
+        cols = [index[(j, g)] for j in range(n) if (j, g) in index]
+        model.addRow(0.0, inf, len(cols) + 1, np.array([t_col, *cols], dtype=np.int32),
+                     np.array([inst.capacity[g], *([-1.0] * len(cols))]))
+    model.run()
+    if model.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        return 0.0  # a bound of nothing rather than a wrong one
+    return float(model.getSolution().col_value[t_col])
+
+
+def _srpt_completions(release: np.ndarray, size: np.ndarray) -> np.ndarray:
+    """Completion times of preemptive shortest-remaining-processing-time on one unit-speed machine.
+
+    SRPT is optimal for 1|r_j, pmtn|sum C_j, and any fractional (processor-sharing) schedule can be
+    turned into a preemptive one whose completion times are no later (EDF on its own completion times
+    as deadlines), so sum C_j of SRPT bounds every pooled schedule.
+    """
+    return _preemptive(release, size, size)
+
+
+def _wspt_mean_busy(release: np.ndarray, size: np.ndarray, weight: np.ndarray) -> np.ndarray:
+    """Mean busy times M_j of the preemptive WSPT schedule (highest w_j / p_j first) on one machine.
+
+    Goemans (1997): with release dates, preemptive WSPT minimises sum w_j M_j over every (fractional)
+    single-machine schedule, and a job processed at rate at most ``rho_j`` ends no earlier than
+    ``M_j + p_j / (2 rho_j)``; so sum w_j (M_j + p_j / (2 rho_j)) bounds sum w_j C_j.
+    """
+    ratio = np.where(size > 0, size / np.maximum(weight, 1e-12), 0.0)
+    return _preemptive(release, size, ratio, mean_busy=True)
+
+
+def _preemptive(release: np.ndarray, size: np.ndarray, key: np.ndarray, mean_busy: bool = False) -> np.ndarray:
+    """Run the preemptive priority rule "smallest ``key`` (remaining size when ``key is size``) first"; return
+    completion times, or mean busy times with ``mean_busy``."""
+    n = len(size)
+    order = np.argsort(release, kind="stable")
+    remaining = size.astype(float).copy()
+    out = np.zeros(n)
+    moment = np.zeros(n)  # integral of t over the job's processing
+    srpt = key is size
+    heap: list[tuple[float, int]] = []
+    now, i = 0.0, 0
+    while i < n or heap:
+        if not heap:
+            now = max(now, float(release[order[i]]))
+        while i < n and release[order[i]] <= now:
+            j = int(order[i])
+            heapq.heappush(heap, (float(remaining[j] if srpt else key[j]), j))
+            i += 1
+        _, j = heapq.heappop(heap)
+        horizon = float(release[order[i]]) if i < n else float("inf")
+        run = min(remaining[j], horizon - now)
+        moment[j] += run * (now + run / 2)
+        now += run
+        remaining[j] -= run
+        if remaining[j] <= 1e-12 * max(1.0, size[j]):
+            out[j] = now
+        else:
+            heapq.heappush(heap, (float(remaining[j] if srpt else key[j]), j))
+    if mean_busy:
+        return np.where(size > 0, moment / np.where(size > 0, size, 1.0), out)
+    return out
