@@ -32,7 +32,6 @@ from slurmhet.sim.rates import RateModel, ThroughputSource
 from slurmhet.sim.traces import TraceJob, resolve_steps
 
 TRACES = Path(__file__).resolve().parent.parent / "slurmhet" / "data" / "gavel" / "traces"
-SHARED_TRACES = Path("/work/shared/data/gavel/traces")
 #: GPU types Gavel did not measure, as (measured type, speed factor); see bench/README.md.
 DERIVED_TYPES = {"t4": ("p100", 0.8), "m60": ("k80", 1.1)}
 
@@ -238,10 +237,9 @@ def case_gavel_trace(quick: bool) -> dict[str, Any]:
     per type), with each Gavel policy's figures over those of Gavel's own simulator (``vs_gavel_own``)."""
     inventory = gavel_setup("v100:8,p100:16,k80:24")
     rates = RateModel(default_throughputs(), ContentionModel(inventory.inter_node_gbps))
-    folder = TRACES if TRACES.is_dir() else SHARED_TRACES
     out = {}
     for name in ("max_min_fairness", "minimize_makespan"):
-        jobs = load_gavel_trace(folder / f"{name}.trace", rates.source.job_types())
+        jobs = load_gavel_trace(TRACES / f"{name}.trace", rates.source.job_types())
         jobs = jobs[:24] if quick else jobs
         report = run_policies(jobs, inventory, rates,
                               _policies(["slurmhet", "gavel-mmf", "gavel-fifo", "gavel-mtd"], 360.0),

@@ -214,6 +214,9 @@ class TimePolicy:
     forks: bool = False
     #: A round ends as soon as every job running in it has finished (Gavel's simulator), not only after ``round_s``.
     round_ends_when_done: bool = False
+    #: Seconds an idle cluster with waiting jobs may stay idle before the engine calls the policy starved (beyond
+    #: three rounds): Gavel leaves GPUs idle until its next allocation recompute.
+    idle_patience_s: float = 0.0
     #: May co-locate single-GPU jobs on one GPU (a ``Decision``'s ``shared`` groups); the engine refuses it otherwise.
     colocates: bool = False
 

@@ -50,6 +50,7 @@ class GavelRounds(TimePolicy):
 
     round_based = True
     round_ends_when_done = True
+    idle_patience_s = 2 * RESET_INTERVAL_S
     #: fifo_perf does not run jobs whose priority is 0 (``self._policy.name.startswith("FIFO")``).
     skip_zero_priority = False
 

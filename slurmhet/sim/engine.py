@@ -134,7 +134,7 @@ class Engine:
     def run(self) -> PolicyRun:
         next_round = self.now
         dirty = True
-        idle_rounds = 0
+        idle_rounds, idle_since = 0, self.now
         while self.pending or self.active:
             dirty |= self._admit()
             round_policy = self.policy.round_s is not None
@@ -152,7 +152,9 @@ class Engine:
                     horizon.append(self.now + self.restart_left[job_id] + self.active[job_id].remaining / rate)
             running = any(j.running for j in self.active.values())
             idle_rounds = 0 if running or self.pending else idle_rounds + 1
-            if not horizon or idle_rounds > 3:
+            idle_since = self.now if not idle_rounds else idle_since
+            patient = self.now - idle_since < self.policy.idle_patience_s
+            if not horizon or (idle_rounds > 3 and not patient):
                 raise PolicyStarved(self.policy.key, self.now, sorted(self.active.values(), key=lambda j: j.job_id))
             finished = self._advance(max(min(horizon), self.now), rates)
             dirty |= finished

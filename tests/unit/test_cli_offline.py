@@ -87,3 +87,38 @@ def test_simulate_table_fits_80_columns() -> None:
     assert result.exit_code == 0, result.output
     assert "JCT h" in result.output and "plan ms" in result.output and "sched-allox" in result.output
     assert "…" not in result.output and max(len(line) for line in result.output.splitlines()) <= 80
+
+
+def _one_document(*argv: str) -> dict:
+    """Run ``slurmhet ARGV`` as a real process; its stdout must be exactly one JSON document."""
+    done = subprocess.run([sys.executable, "-m", "slurmhet", *argv], capture_output=True, text=True, timeout=600,
+                          check=False)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)  # "Extra data" if a second document (or anything else) follows
+
+
+def test_every_offline_json_output_is_one_document() -> None:
+    placement = _one_document("bench", "placement", "--json", "--case", "tpds-example")
+    assert [c["name"] for c in placement["cases"]] == ["tpds-example"]
+    reproduce = _one_document("bench", "reproduce", "--json", "--quick", "--case", "hadare")
+    assert set(reproduce["cases"]) == {"hadare"}
+    sim = _one_document("simulate", "--generate", "8", "--cluster", "v100:4,k80:4", "--policy", "slurmhet,gavel-mmf",
+                        "--bound", "--json")
+    assert set(sim["bound"]) == {"avg_jct", "makespan", "weighted_jct"}
+    for name, row in sim["policies"].items():
+        assert set(row["ratio_to_bound"]) == {"avg_jct", "makespan", "weighted_jct"}
+        assert all(r >= 1 - 1e-9 for r in row["ratio_to_bound"].values()), name
+        records = row["jobs"]
+        assert sorted(r["id"] for r in records) == list(range(8))
+        for r in records:
+            assert r["arrival"] <= r["start"] < r["end"] and sum(r["gpu_types"].values()) >= 1
+
+
+def test_simulate_runs_gavel_traces_in_gavel_setup_unless_told() -> None:
+    trace = Path(__file__).resolve().parents[2] / "slurmhet" / "data" / "gavel" / "traces" / "artifact_evaluation.trace"
+    gavel = _one_document("simulate", "--trace", str(trace), "--cluster", "v100:4,k80:4", "--policy", "gavel-fifo",
+                          "--json")
+    assert gavel["meta"]["setup"] == "gavel" and gavel["meta"]["restart_s"] == 0.0
+    told = _one_document("simulate", "--trace", str(trace), "--cluster", "v100:4,k80:4", "--policy", "gavel-fifo",
+                         "--restart-s", "10", "--gpus-per-node", "2", "--json")
+    assert told["meta"]["restart_s"] == 10.0 and told["meta"]["gpus_per_node"] == 2

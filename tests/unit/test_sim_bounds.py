@@ -1,0 +1,102 @@
+"""Instance lower bounds (sim/bounds.py): exact where the answer is known, never above a feasible schedule."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+
+from slurmhet.cluster import Inventory, Node
+from slurmhet.policies.registry import TIME_POLICIES
+from slurmhet.sim import SimConfig, run_policies
+from slurmhet.sim.bounds import instance_bounds
+from slurmhet.sim.traces import TraceJob
+from tests.unit.sim_rates import PairRates, tiny
+
+TABLE = {"x": {"v100": 2.0, "k80": 1.0}, "y": {"v100": 3.0, "k80": 0.5}}
+
+
+def test_one_job_alone_is_exact() -> None:
+    rates = tiny(TABLE)
+    bound = instance_bounds([TraceJob(0, "x", 2, 5.0, 400.0)], {"v100": 2, "k80": 4}, rates)
+    # 2 V100s at 2 steps/s each: 100 s; from its own arrival.
+    assert (bound.makespan, bound.avg_jct, bound.weighted_jct) == pytest.approx((100.0, 100.0, 100.0))
+
+
+def test_identical_jobs_on_one_gpu_are_exact_srpt() -> None:
+    rates = tiny({"x": {"v100": 1.0}})
+    jobs = [TraceJob(i, "x", 1, 0.0, s) for i, s in enumerate((10.0, 20.0, 30.0))]
+    bound = instance_bounds(jobs, {"v100": 1}, rates)
+    assert bound.makespan == pytest.approx(60.0)
+    assert bound.avg_jct == pytest.approx((10 + 30 + 60) / 3)
+
+
+def _brute_force(jobs: list[TraceJob], capacity: dict[str, int], rates) -> tuple[float, float, float]:
+    """Best makespan, avg JCT and weighted JCT over every non-preemptive list schedule: each order of the jobs
+    and each choice of one type per job, each job started as soon as its GPUs of that type are free."""
+    best = [float("inf")] * 3
+    types = sorted(capacity)
+    for order in itertools.permutations(jobs):
+        for choice in itertools.product(types, repeat=len(jobs)):
+            free = {t: [0.0] * capacity[t] for t in types}
+            ends, ok = {}, True
+            for job, t in zip(order, choice):
+                rate = rates.type_rate(job.job_type, job.gpus, t)
+                if rate <= 0 or job.gpus > capacity[t]:
+                    ok = False
+                    break
+                slots = sorted(free[t])
+                start = max(job.arrival, slots[job.gpus - 1])
+                end = start + job.total_steps / rate
+                free[t] = [end] * job.gpus + slots[job.gpus:]
+                ends[job.job_id] = end
+            if not ok:
+                continue
+            jct = {j.job_id: ends[j.job_id] - j.arrival for j in jobs}
+            values = (max(ends.values()) - min(j.arrival for j in jobs), sum(jct.values()) / len(jobs),
+                      sum(j.weight * jct[j.job_id] for j in jobs))
+            best = [min(b, v) for b, v in zip(best, values)]
+    return best[0], best[1], best[2]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_never_above_the_best_list_schedule_nor_any_policy(seed: int) -> None:
+    rng = random.Random(seed)
+    rates = tiny(TABLE)
+    capacity = {"v100": rng.randint(1, 2), "k80": rng.randint(2, 3)}
+    jobs = [TraceJob(i, rng.choice("xy"), rng.choice((1, 1, 2)), float(rng.choice((0, 0, 30, 90))),
+                     float(rng.randint(50, 400)), weight=float(rng.randint(1, 3))) for i in range(rng.randint(2, 4))]
+    bound = instance_bounds(jobs, capacity, rates)
+    makespan, avg_jct, weighted = _brute_force(jobs, capacity, rates)
+    tol = 1e-6
+    assert bound.makespan <= makespan + tol and bound.avg_jct <= avg_jct + tol and bound.weighted_jct <= weighted + tol
+    inventory = Inventory(tuple(Node(f"n-{t}", {t: c}) for t, c in capacity.items()))
+    policies = {name: factory(seed=0, round_s=60.0) for name, factory in TIME_POLICIES.items()
+                if not factory(seed=0, round_s=60.0).forks}
+    try:
+        report = run_policies(jobs, inventory, rates, policies, SimConfig(round_s=60.0, restart_s=5.0))
+    except Exception as exc:  # a policy that cannot place a job on this cluster (one type too small) is not run
+        pytest.skip(f"not every policy runs this instance: {exc}")
+    for name, m in report.metrics.items():
+        assert m.makespan >= bound.makespan - tol, name
+        assert m.avg_jct >= bound.avg_jct - tol, name
+        assert m.weighted_jct >= bound.weighted_jct - tol, name
+
+
+def test_forking_and_colocation_weaken_the_bound_to_stay_valid() -> None:
+    rates = tiny({"x": {"v100": 1.0}, "y": {"v100": 1.0}})
+    jobs = [TraceJob(0, "x", 1, 0.0, 100.0), TraceJob(1, "x", 1, 0.0, 100.0)]
+    plain = instance_bounds(jobs, {"v100": 2}, rates)
+    forked = instance_bounds(jobs, {"v100": 2}, rates, forks=True)
+    assert plain.makespan == pytest.approx(100.0)  # each job on one GPU at most
+    assert forked.avg_jct == pytest.approx((50.0 + 100.0) / 2)  # job 0 forked over both GPUs ends at 50
+    pair = PairRates({"x": {"v100": 1.0}, "y": {"v100": 1.0}})
+    from slurmhet.sim.contention import ContentionModel
+    from slurmhet.sim.rates import RateModel
+
+    shared = RateModel(pair, ContentionModel(1.0, xi2=0.0), {"x": 0.0, "y": 0.0})
+    mixed = [TraceJob(0, "x", 1, 0.0, 80.0), TraceJob(1, "y", 1, 0.0, 80.0)]
+    # On one V100 the pair runs at 0.8 + 0.8 = 1.6 times one job's rate: 160 steps in 100 s, not 160 s.
+    assert instance_bounds(mixed, {"v100": 1}, shared).makespan == pytest.approx(160.0)
+    assert instance_bounds(mixed, {"v100": 1}, shared, colocates=True).makespan == pytest.approx(100.0)
