@@ -42,6 +42,11 @@ from slurmhet.sim.traces import TraceJob
 
 #: The makespan LP is solved for at most this many arrival thresholds (any subset is valid).
 MAX_THRESHOLDS = 48
+#: The interval-indexed JCT LP: grid points grow geometrically by this factor; at most this many release
+#: times become grid points (the others round down to one, which only relaxes); no LP above this many columns.
+GRID_RATIO = 1.15
+MAX_RELEASE_POINTS = 48
+MAX_LP_COLUMNS = 400_000
 
 
 @dataclass(frozen=True)
@@ -92,10 +97,14 @@ def instance_bounds(jobs: Sequence[TraceJob], capacity: Mapping[str, int], rates
     first = float(inst.arrival.min())
     makespan = max(float((inst.arrival + alone).max()) - first, _fluid_makespan(inst, forks) - first)
     srpt = _srpt_completions(inst.arrival, pooled / total)
-    jct_sum = max(float((srpt - inst.arrival).sum()), float(alone.sum()))
+    unweighted_lp = _interval_lp(inst, alone, forks, np.ones(len(pooled)), makespan)
+    jct_sum = max(float((srpt - inst.arrival).sum()), float(alone.sum()), unweighted_lp)
     busy = _wspt_mean_busy(inst.arrival, pooled / total, inst.weight)
+    same_weights = bool(np.all(inst.weight == inst.weight[0]))
+    weighted_lp = (unweighted_lp * float(inst.weight[0]) if same_weights
+                   else _interval_lp(inst, alone, forks, inst.weight, makespan))
     weighted = max(float((inst.weight * (busy + pooled / (total * rho) / 2 - inst.arrival)).sum()),
-                   float((inst.weight * alone).sum()))
+                   float((inst.weight * alone).sum()), weighted_lp)
     return InstanceBounds(makespan, jct_sum / len(pooled), weighted)
 
 
@@ -190,6 +199,80 @@ def _fluid_time(inst: _Instance, members: np.ndarray, forks: bool) -> float:
     if model.getModelStatus() != highspy.HighsModelStatus.kOptimal:
         return 0.0  # a bound of nothing rather than a wrong one
     return float(model.getSolution().col_value[t_col])
+
+
+def _interval_lp(inst: _Instance, alone: np.ndarray, forks: bool, weight: np.ndarray, horizon: float) -> float:
+    """sum_j w_j (C_j - r_j) >= the optimum of an interval-indexed LP (Hall, Schulz, Shmoys and Wein's
+    relaxation, per GPU type); 0 when the LP would be too large or is not solved.
+
+    Time is cut at grid points ``a_0 < a_1 < ...`` (release times and a geometric grid; the last interval is
+    unbounded). ``y[j, g, i]`` = GPU-seconds of type ``g`` job ``j`` gets in interval ``i``. Every schedule
+    gives such ``y`` with: work ``sum y u gamma >= S_j`` (E1-E2); per interval and type at most
+    ``C_g * length`` GPU-seconds; without forking at most ``k_j * length`` per job (E3); nothing before the
+    job's release (its release rounded down to a grid point, a relaxation). The grid reaches three times
+    ``horizon`` (the makespan bound) past the first arrival; whatever lies beyond is valid, only looser. Its mean busy time
+    ``M_j`` (the work-weighted mean time of its processing) is at least ``sum_i f_ji a_i``, ``f_ji`` the share
+    of its work done in interval ``i``; it runs at most at its alone rate, so its work spans at least
+    ``alone_j`` and ``C_j >= M_j + alone_j / 2``; and ``C_j >= r_j + alone_j``. Minimising
+    ``sum w_j C_j`` under these constraints so bounds every schedule's.
+    """
+    n, m = inst.u.shape
+    work = inst.u * inst.gamma[None, :]
+    first, finite = float(inst.arrival.min()), np.isfinite(alone)
+    if n == 0 or not finite.all():
+        return 0.0
+    span = max(float((inst.arrival - first + alone).max()), horizon)
+    releases = np.unique(inst.arrival)
+    if len(releases) > MAX_RELEASE_POINTS:
+        releases = np.unique(releases[np.linspace(0, len(releases) - 1, MAX_RELEASE_POINTS).round().astype(int)])
+    step = max(float(alone.min()) / 4, 1.0)
+    grid, t = [first], first + step
+    while t < first + 3 * span:
+        grid.append(t)
+        t = first + (t - first) * GRID_RATIO
+    points = np.unique(np.concatenate([np.array(grid), releases]))
+    starts = points
+    lengths = np.append(np.diff(points), np.inf)
+    start_of = np.searchsorted(points, inst.arrival, side="right") - 1  # release rounded down to a grid point
+    cells = [(j, g, i) for j in range(n) for g in range(m) if work[j, g] > 0 for i in range(start_of[j], len(points))]
+    if len(cells) + n > MAX_LP_COLUMNS:
+        return 0.0
+    model = highs()
+    inf = highspy.kHighsInf
+    n_y = len(cells)
+    cost = np.zeros(n_y + n)
+    cost[n_y:] = weight
+    model.addVars(n_y + n, np.zeros(n_y + n), np.full(n_y + n, inf))
+    model.changeColsCost(n_y + n, np.arange(n_y + n, dtype=np.int32), cost)
+    by_job: dict[int, list[int]] = {}
+    by_type_interval: dict[tuple[int, int], list[int]] = {}
+    by_job_interval: dict[tuple[int, int], list[int]] = {}
+    for col, (j, g, i) in enumerate(cells):
+        by_job.setdefault(j, []).append(col)
+        if np.isfinite(lengths[i]):
+            by_type_interval.setdefault((g, i), []).append(col)
+            by_job_interval.setdefault((j, i), []).append(col)
+    for j in range(n):
+        cols = by_job[j]
+        model.addRow(float(inst.steps[j]), inf, len(cols), np.array(cols, dtype=np.int32),
+                     np.array([work[j, cells[c][1]] for c in cols]))
+        # C_j - sum_i a_i * (work share in i) >= alone_j / 2, the share being y * work / S_j.
+        scale = 1.0 / max(float(inst.steps[j]), 1e-12)
+        model.addRow(float(alone[j] / 2), inf, len(cols) + 1, np.array([n_y + j, *cols], dtype=np.int32),
+                     np.array([1.0, *(-starts[cells[c][2]] * work[j, cells[c][1]] * scale for c in cols)]))
+        model.changeColBounds(n_y + j, float(inst.arrival[j] + alone[j]), inf)
+    for (g, i), cols in by_type_interval.items():
+        model.addRow(0.0, float(inst.capacity[g] * lengths[i]), len(cols), np.array(cols, dtype=np.int32),
+                     np.ones(len(cols)))
+    if not forks:
+        for (j, i), cols in by_job_interval.items():
+            model.addRow(0.0, float(inst.gpus[j] * lengths[i]), len(cols), np.array(cols, dtype=np.int32),
+                         np.ones(len(cols)))
+    model.run()
+    if model.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+        return 0.0
+    completions = np.array(model.getSolution().col_value[n_y:])
+    return float((weight * (completions - inst.arrival)).sum())
 
 
 def _srpt_completions(release: np.ndarray, size: np.ndarray) -> np.ndarray:
