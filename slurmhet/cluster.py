@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -59,15 +60,33 @@ class Inventory:
             tuple(n for n in self.nodes if n.available), self.intra_node_gbps, self.inter_node_gbps
         )
 
-    @property
+    @cached_property
     def gpu_types(self) -> tuple[str, ...]:
         return tuple(sorted({t for n in self.nodes for t, c in n.gpus.items() if c > 0}))
 
-    def gpus_by_type(self) -> dict[str, int]:
+    @cached_property
+    def _by_type(self) -> dict[str, int]:
         total: Counter[str] = Counter()
         for node in self.nodes:
             total.update(node.gpus)
         return {t: c for t, c in sorted(total.items()) if c > 0}
+
+    def gpus_by_type(self) -> dict[str, int]:
+        """GPUs per type (a fresh dict; the inventory is immutable and computes it once)."""
+        return dict(self._by_type)
+
+    @cached_property
+    def _packing_order(self) -> dict[str, tuple[tuple[int, str], ...]]:
+        out: dict[str, list[tuple[int, str]]] = {}
+        for node in self.nodes:
+            for gpu_type, count in node.gpus.items():
+                if count > 0:
+                    out.setdefault(gpu_type, []).append((count, node.name))
+        return {t: tuple(sorted(v, key=lambda x: (-x[0], x[1]))) for t, v in out.items()}
+
+    def packing_order(self, gpu_type: str) -> tuple[tuple[int, str], ...]:
+        """(GPUs, node) of ``gpu_type``, largest first, then by name: the order that packs a job on the fewest nodes."""
+        return self._packing_order.get(gpu_type, ())
 
     def node(self, name: str) -> Node:
         for n in self.nodes:

@@ -38,10 +38,8 @@ CRITICAL_SHARE = 0.8
 
 def packed_allocation(inventory: Inventory, gpu_type: str, gpus: int) -> Allocation | None:
     """``gpus`` GPUs of ``gpu_type`` on the fewest nodes (largest first, then by name); None if too few."""
-    nodes = sorted(((n.gpus.get(gpu_type, 0), n.name) for n in inventory.nodes if n.gpus.get(gpu_type, 0) > 0),
-                   key=lambda x: (-x[0], x[1]))
     counts, need = {}, gpus
-    for count, name in nodes:
+    for count, name in inventory.packing_order(gpu_type):
         if need <= 0:
             break
         counts[(name, gpu_type)] = min(count, need)
@@ -65,7 +63,8 @@ def fastest_packed(job: PlanJob, inp: PlanningInput) -> tuple[float, int]:
     for gpu_type, rate in rates.items():
         if rate <= 0:
             continue
-        node = max((n.gpus.get(gpu_type, 0) for n in inp.inventory.nodes), default=0)
+        order = inp.inventory.packing_order(gpu_type)
+        node = order[0][0] if order else 0  # the largest node of the type
         sizes = {max(job.min_gpus, min(job.max_gpus, n)) for n in (job.min_gpus, node, capacity.get(gpu_type, 0))}
         for gpus in sorted(sizes):
             allocation = packed_allocation(inp.inventory, gpu_type, gpus)

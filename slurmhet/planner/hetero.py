@@ -45,8 +45,8 @@ _BULK = np.array(BULK)
 _TABLE_CELLS = 16_384
 
 
-def best_pair(give: np.ndarray, take: np.ndarray, below: float,
-              take_keys: np.ndarray | None = None) -> tuple[float, int, int, int] | None:
+def best_pair(give: np.ndarray, take: np.ndarray, below: float, take_keys: np.ndarray | None = None,
+              minima: tuple["ColumnMinima", "ColumnMinima"] | None = None) -> tuple[float, int, int, int] | None:
     """The best pair move ``(value, i, j, k)``: job ``i`` does ``give[i, k]``, job ``j != i`` does ``take[j, k]``.
 
     ``value`` is the smallest ``give[i, k] + take[j, k]`` and ``(i, j, k)`` its
@@ -55,12 +55,13 @@ def best_pair(give: np.ndarray, take: np.ndarray, below: float,
     column ``k`` of the taking side from column ``take_keys[k]`` of ``take``
     (a trade's partner does the reverse trade, so both sides are one array).
     Small tables are built whole; beyond that the columns are scanned in
-    O(J K) instead of O(J^2 K) time and memory.
+    O(J K) instead of O(J^2 K) time and memory, or read from ``minima`` (the two
+    sides' :class:`ColumnMinima`, kept up to date by the caller).
     """
     jobs, keys = give.shape
     if jobs * jobs * keys <= _TABLE_CELLS:
         return _pair_by_table(give, take if take_keys is None else take[:, take_keys], below)
-    return _pair_by_columns(give, take, below, take_keys)
+    return _pair_by_columns(give, take, below, take_keys, minima)
 
 
 def _pair_by_table(give: np.ndarray, take: np.ndarray, below: float) -> tuple[float, int, int, int] | None:
@@ -77,13 +78,17 @@ def _pair_by_table(give: np.ndarray, take: np.ndarray, below: float) -> tuple[fl
     return value, i, j, k
 
 
-def _pair_by_columns(give: np.ndarray, take: np.ndarray, below: float,
-                     take_keys: np.ndarray | None) -> tuple[float, int, int, int] | None:
+def _pair_by_columns(give: np.ndarray, take: np.ndarray, below: float, take_keys: np.ndarray | None,
+                     minima: tuple["ColumnMinima", "ColumnMinima"] | None = None) -> tuple[float, int, int, int] | None:
     """Rounded addition is monotone, so column ``k``'s best pair joins the two sides' minima or, when one job
     holds both, a minimum with the other side's runner-up. Only the columns reaching the overall minimum are
     then scanned for the first ``i``, and for that ``i`` the first ``(j, k)``."""
-    give_row, give_low, give_other = stats = _two_smallest(give)
-    take_row, take_low, take_other = stats if take is give else _two_smallest(take)
+    if minima is not None:
+        give_row, give_low, give_other = minima[0].stats()
+        take_row, take_low, take_other = minima[1].stats()
+    else:
+        give_row, give_low, give_other = stats = _two_smallest(give)
+        take_row, take_low, take_other = stats if take is give else _two_smallest(take)
     if take_keys is not None:
         take_row, take_low, take_other = take_row[take_keys], take_low[take_keys], take_other[take_keys]
     per_key = np.minimum(give_low + np.where(give_row == take_row, take_other, take_low), give_other + take_low)
@@ -114,6 +119,45 @@ def _two_smallest(a: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return row, low, other
 
 
+class ColumnMinima:
+    """Per column of a J x K array, what :func:`_two_smallest` computes, kept up to date as rows change.
+
+    A move changes two jobs' rows; rescanning the whole array per move (8,192 x 144 cells for the trades)
+    was most of a large decision. A changed row is compared with each column's minimum and runner-up; only
+    the columns where it held one of them are rescanned.
+    """
+
+    def __init__(self, a: np.ndarray) -> None:
+        self.a = a
+        columns = np.arange(a.shape[1])
+        self.row, self.low, self.other_row, self.other = self._scan(columns)
+
+    def _scan(self, columns: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        part = self.a[:, columns]
+        index = np.arange(len(columns))
+        row = np.argmin(part, axis=0)
+        low = part[row, index]
+        part[row, index] = np.inf  # a copy: the array itself is untouched
+        other_row = np.argmin(part, axis=0)
+        return row, low, other_row, part[other_row, index]
+
+    def stats(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return self.row, self.low, self.other
+
+    def update(self, r: int) -> None:
+        """Row ``r`` of the array changed."""
+        v = self.a[r]
+        held = (self.row == r) | (self.other_row == r)
+        first = ~held & ((v < self.low) | ((v == self.low) & (r < self.row)))
+        second = ~held & ~first & (v < self.other)
+        self.other_row[first], self.other[first] = self.row[first], self.low[first]
+        self.row[first], self.low[first] = r, v[first]
+        self.other_row[second], self.other[second] = r, v[second]
+        columns = np.flatnonzero(held)
+        if len(columns):
+            self.row[columns], self.low[columns], self.other_row[columns], self.other[columns] = self._scan(columns)
+
+
 class _Search:
     """Count vectors, free GPUs per type, and cached per-job costs and move deltas."""
 
@@ -127,6 +171,8 @@ class _Search:
         self.plus = np.full((jobs, types, len(BULK)), np.inf)
         self.minus = np.full((jobs, types, len(BULK)), np.inf)
         self.trade = np.full((jobs, types, len(TRADE), types, len(TRADE)), np.inf)
+        #: Column minima of the minus, plus and trade deltas during :meth:`exchange` (large searches only).
+        self._minima: tuple[ColumnMinima, ...] = ()
         #: Flat trade key of the reverse trade: (t, g, u, h) -> (u, h, t, g).
         self._reverse = np.arange(self.trade[0].size).reshape(self.trade.shape[1:]).transpose(2, 3, 0, 1).ravel()
 
@@ -247,13 +293,15 @@ class _Search:
             j, t, b = np.unravel_index(int(np.argmin(delta)), delta.shape)
             if delta[j, t, b] < best[0]:
                 best = (float(delta[j, t, b]), (kind, int(j), int(t), BULK[b]))
-        found = best_pair(self.minus.reshape(jobs, -1), self.plus.reshape(jobs, -1), best[0])  # i gives g of t to j
+        minima = self._minima
+        found = best_pair(self.minus.reshape(jobs, -1), self.plus.reshape(jobs, -1), best[0],  # i gives g of t to j
+                          minima=(minima[0], minima[1]) if minima else None)
         if found:
             value, i, j, key = found
             t, b = np.unravel_index(key, self.plus.shape[1:])
             best = (value, ("move", i, j, int(t), BULK[b]))
         trade = self.trade.reshape(jobs, -1)  # i gives g of t for h of u; j does the reverse trade
-        found = best_pair(trade, trade, best[0], self._reverse)
+        found = best_pair(trade, trade, best[0], self._reverse, minima=(minima[2], minima[2]) if minima else None)
         if found:
             value, i, j, key = found
             t, a, u, b = np.unravel_index(key, self.trade.shape[1:])
@@ -263,6 +311,10 @@ class _Search:
     def exchange(self, limit: int = 10_000) -> None:
         for j in range(len(self.x)):
             self.refresh(j)
+        jobs = len(self.x)
+        large = jobs * jobs * self.trade[0].size > _TABLE_CELLS
+        self._minima = tuple(ColumnMinima(a.reshape(jobs, -1)) for a in (self.minus, self.plus, self.trade)) \
+            if large else ()
         tolerance = _TOL * max(abs(self.objective()), 1.0)
         for _ in range(limit):
             delta, move = self.best_move()
@@ -293,6 +345,8 @@ class _Search:
                 changed = [i, j]
             for j in changed:
                 self.refresh(j)
+                for minima in self._minima:
+                    minima.update(j)
 
 
 def current_slots(problem: Problem, j: int) -> dict[tuple[int, int], int] | None:

@@ -177,12 +177,15 @@ class ClusterView:
     extra: dict[str, Any] = field(default_factory=dict)
     #: Seconds the engine charges a job's first start (``SimConfig.start_s``), so planners can charge them too.
     start_s: float = 0.0
+    _types: list[str] | None = field(default=None, init=False, repr=False, compare=False)
 
     def free(self, keep: Iterable[Placement] = ()) -> Free:
         return Free(self.capacity, keep)
 
     def gpu_types(self) -> list[str]:
-        return sorted({t for (_, t) in self.capacity})
+        if self._types is None:  # the capacity never changes within a decision
+            self._types = sorted({t for (_, t) in self.capacity})
+        return list(self._types)
 
     def type_capacity(self) -> dict[str, int]:
         return Free(self.capacity).by_type()

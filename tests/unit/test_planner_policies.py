@@ -316,3 +316,23 @@ def test_a_spread_job_takes_its_last_node_where_fewest_spread_jobs_cross() -> No
     blind: dict[tuple[int, int], int] = {}
     spread_fill(free.copy(), np.array([6]), blind)
     assert blind == {(2, 0): 4, (0, 0): 2}
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_column_minima_stay_equal_to_a_fresh_scan_as_rows_change(seed: int) -> None:
+    """The incremental per-column minima (exchange moves) answer as a full rescan would, ties and inf included,
+    so best_pair on them picks the same move."""
+    rng = np.random.default_rng(seed)
+    jobs, keys = int(rng.integers(2, 40)), int(rng.integers(1, 30))
+    values = np.array([-5.0, -1.0, 0.0, 0.5, 2.0, np.inf])
+    give = rng.choice(values, size=(jobs, keys))
+    take = rng.choice(values, size=(jobs, keys))
+    minima = (hetero.ColumnMinima(give), hetero.ColumnMinima(take))
+    for _ in range(60):
+        array, tracker = (give, minima[0]) if rng.random() < 0.5 else (take, minima[1])
+        row = int(rng.integers(jobs))
+        array[row] = rng.choice(values, size=keys)
+        tracker.update(row)
+        fresh = hetero._two_smallest(array.copy())
+        assert all(np.array_equal(a, b) for a, b in zip(tracker.stats(), fresh))
+        assert hetero._pair_by_columns(give, take, 1.0, None, minima) == full_table_pair(give, take, 1.0)
