@@ -20,12 +20,21 @@ from typing import Any, Callable
 
 from slurmhet.cluster import Inventory, Node, parse_cluster_spec
 from slurmhet.errors import InputError
+from slurmhet.planner.registry import POLICIES
+from slurmhet.policies.base import ClusterView, JobState
 from slurmhet.policies.default import SlurmhetForking, SlurmhetRelaxed
 from slurmhet.policies.hadar import Hadar
-from slurmhet.policies.sjf_bco import SjfBco
-from slurmhet.policies.base import ClusterView, JobState
 from slurmhet.policies.registry import TIME_POLICIES
-from slurmhet.sim import GAVEL_SERVER_GPUS, SimConfig, default_throughputs, generate_trace, load_gavel_trace, run_policies
+from slurmhet.policies.sjf_bco import SjfBco
+from slurmhet.sim import (
+    GAVEL_SERVER_GPUS,
+    SimConfig,
+    bounds_for,
+    default_throughputs,
+    generate_trace,
+    load_gavel_trace,
+    run_policies,
+)
 from slurmhet.sim.contention import ContentionModel
 from slurmhet.sim.engine import capacity_of
 from slurmhet.sim.rates import RateModel, ThroughputSource
@@ -244,17 +253,46 @@ def case_gavel_trace(quick: bool) -> dict[str, Any]:
         report = run_policies(jobs, inventory, rates,
                               _policies(["slurmhet", "gavel-mmf", "gavel-fifo", "gavel-mtd"], 360.0),
                               SimConfig(round_s=360.0, restart_s=0.0))
-        extra: dict[str, Any] = {}
-        if not quick:
-            own = GAVEL_OWN[name]
-            extra["gavel_own"] = {p: {"avg_jct": a, "makespan": m} for p, (a, m) in own.items()}
-            extra["vs_gavel_own"] = {p: {"avg_jct": round(report.metrics[p].avg_jct / a, 4),
-                                         "makespan": round(report.metrics[p].makespan / m, 4)}
-                                     for p, (a, m) in own.items()}
-            extra["slurmhet_vs_gavel_own"] = {p: {"avg_jct": round(a / report.metrics["slurmhet"].avg_jct, 4),
-                                                  "makespan": round(m / report.metrics["slurmhet"].makespan, 4)}
-                                              for p, (a, m) in own.items()}
-        out[name] = _report(report, extra)
+        out[name] = _report(report, {} if quick else _versus_gavel(report, GAVEL_OWN[name]))
+    return {"traces": out}
+
+
+#: Gavel's own simulator on 120 jobs made by its own generator (Poisson arrivals, multi-GPU jobs, seed 0) at 0.5,
+#: 1 and 3 jobs/hour on 8 V100 + 16 P100 + 24 K80 (light load, ~90% of capacity, overload); the traces ship in
+#: slurmhet/data/gavel/traces/generated and bench/gavel_original/ holds the scripts that made and ran them.
+GAVEL_OWN_GENERATED: dict[str, dict[str, tuple[float, float]]] = {
+    "gen-0.5": {"gavel-mmf": (57928.498, 1495934.710), "gavel-fifo": (57333.244, 1495896.928),
+                "gavel-mtd": (59863.175, 1495971.021)},
+    "gen-1.0": {"gavel-mmf": (61078.289, 1073562.499), "gavel-fifo": (64525.745, 1058587.117),
+                "gavel-mtd": (65983.357, 1026757.137)},
+    "gen-3.0": {"gavel-mmf": (76693.936, 857003.471), "gavel-fifo": (109547.102, 926591.067),
+                "gavel-mtd": (105006.837, 749359.089)},
+}
+
+
+def _versus_gavel(report: Any, own: dict[str, tuple[float, float]]) -> dict[str, Any]:
+    """Our Gavel policies over Gavel's own figures, and Gavel's own figures over slurmhet's (> 1: slurmhet better)."""
+    ours = report.metrics["slurmhet"]
+    return {"gavel_own": {p: {"avg_jct": a, "makespan": m} for p, (a, m) in own.items()},
+            "vs_gavel_own": {p: {"avg_jct": round(report.metrics[p].avg_jct / a, 4),
+                                 "makespan": round(report.metrics[p].makespan / m, 4)} for p, (a, m) in own.items()},
+            "gavel_own_vs_slurmhet": {p: {"avg_jct": round(a / ours.avg_jct, 4), "makespan": round(m / ours.makespan, 4)}
+                                      for p, (a, m) in own.items()}}
+
+
+def case_gavel_generated(quick: bool) -> dict[str, Any]:
+    """Continuous arrivals from Gavel's own generator, light load to overload, in Gavel's set-up, each against
+    Gavel's own simulator on the same jobs (``GAVEL_OWN_GENERATED``)."""
+    inventory = gavel_setup("v100:8,p100:16,k80:24")
+    rates = RateModel(default_throughputs(), ContentionModel(inventory.inter_node_gbps))
+    out = {}
+    for name, own in GAVEL_OWN_GENERATED.items():
+        jobs = load_gavel_trace(TRACES / "generated" / f"{name}.trace", rates.source.job_types())
+        jobs = jobs[:30] if quick else jobs
+        report = run_policies(jobs, inventory, rates,
+                              _policies(["slurmhet", "gavel-mmf", "gavel-fifo", "gavel-mtd"], 360.0),
+                              SimConfig(round_s=360.0, restart_s=0.0))
+        out[name] = _report(report, {} if quick else _versus_gavel(report, own))
     return {"traces": out}
 
 
@@ -281,9 +319,39 @@ def case_scale(quick: bool) -> dict[str, Any]:
     return {"jobs": n_jobs, "gpus": 4 * per_type, "policies": out}
 
 
+#: (jobs, GPUs) of ``scale-10k``: the issue's measured sizes and its two targets (10,000 x 10,000 under 5 s,
+#: 20,000 x 10,000 under 10 s per decision).
+SCALE_SIZES = ((2048, 1024), (8192, 1024), (2048, 8192), (8192, 8192), (20000, 8192), (10000, 10000), (20000, 10000))
+
+
+def case_scale_10k(quick: bool) -> dict[str, Any]:
+    """One decision of the default policy at the largest sites' sizes (4 GPU types, 8 GPUs per node, all jobs
+    queued at t=0): wall seconds, and the plan's predicted avg JCT over the instance's lower bound
+    (``sim.bounds``, valid for any schedule of those jobs on that cluster)."""
+    rows = []
+    for n_jobs, gpus in (((256, 128), (512, 1024)) if quick else SCALE_SIZES):
+        per_type = gpus // 4
+        inventory = parse_cluster_spec(",".join(f"{t}:{per_type}" for t in ("v100", "p100", "t4", "k80")), 8)
+        rates = RateModel(DerivedThroughputs(default_throughputs()), ContentionModel(inventory.inter_node_gbps))
+        trace = resolve_steps(generate_trace(n_jobs, 11, "zero"), lambda t, k: rates.type_rate(t, k, "v100"))
+        jobs = [JobState(j.job_id, j.job_type, j.gpus, j.weight, 0.0, j.total_steps or 0.0, j.total_steps or 0.0)
+                for j in trace]
+        view = ClusterView(0.0, capacity_of(inventory), jobs, rates, tuple(n.name for n in inventory.nodes))
+        policy = TIME_POLICIES["slurmhet"]()
+        started = time.perf_counter()
+        plan = POLICIES["slurmhet"](policy.planning_input(view))
+        seconds = time.perf_counter() - started
+        bound = bounds_for(trace, inventory, rates, [policy])
+        rows.append({"jobs": n_jobs, "gpus": gpus, "seconds": round(seconds, 3),
+                     "ratio_to_bound": round(plan.avg_jct / bound.avg_jct, 4) if bound.avg_jct > 0 else None,
+                     "placed": sum(1 for jp in plan.jobs if jp.allocation is not None)})
+    return {"rows": rows, "types": ["v100", "p100", "t4", "k80"], "gpus_per_node": 8}
+
+
 CASES: dict[str, Callable[[bool], dict[str, Any]]] = {
     "hare": case_hare, "hadar": case_hadar, "hadar-seeds": case_hadar_seeds, "hadare": case_hadare, "sjfbco": case_sjfbco,
-    "gavel-trace": case_gavel_trace, "scale": case_scale,
+    "gavel-trace": case_gavel_trace, "gavel-generated": case_gavel_generated, "scale": case_scale,
+    "scale-10k": case_scale_10k,
 }
 
 

@@ -24,6 +24,7 @@ import io
 import json
 import math
 import re
+from functools import lru_cache
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -66,8 +67,10 @@ def workload_key(model: str, batch_size: int) -> str:
     return f"{canonical_model(model)} (batch size {batch_size})"
 
 
+@lru_cache(maxsize=65_536)
 def canonical_key(key: str) -> str:
-    """Normalise a user-written key so ``resnet18 (batch size 64)`` finds Gavel's entry."""
+    """Normalise a user-written key so ``resnet18 (batch size 64)`` finds Gavel's entry (memoised: a planner
+    looks the same few keys up hundreds of thousands of times per decision at scale)."""
     match = _KEY.match(key)
     if match:
         return workload_key(match.group("model"), int(match.group("batch")))

@@ -47,7 +47,8 @@ def packed_allocation(inventory: Inventory, gpu_type: str, gpus: int) -> Allocat
     return Allocation.of(counts) if need <= 0 else None
 
 
-def fastest_packed(job: PlanJob, inp: PlanningInput) -> tuple[float, int]:
+def fastest_packed(job: PlanJob, inp: PlanningInput,
+                   packed: dict[tuple[str, int], Allocation | None] | None = None) -> tuple[float, int]:
     """The job's least remaining run time on one allowed type, packed, and the GPUs it uses; (inf, 0) if none fits.
 
     An elastic job (``min_gpus < max_gpus``) is timed on the fastest of: ``min_gpus``, as many as one node
@@ -67,7 +68,12 @@ def fastest_packed(job: PlanJob, inp: PlanningInput) -> tuple[float, int]:
         node = order[0][0] if order else 0  # the largest node of the type
         sizes = {max(job.min_gpus, min(job.max_gpus, n)) for n in (job.min_gpus, node, capacity.get(gpu_type, 0))}
         for gpus in sorted(sizes):
-            allocation = packed_allocation(inp.inventory, gpu_type, gpus)
+            if packed is None or (gpu_type, gpus) not in packed:
+                allocation = packed_allocation(inp.inventory, gpu_type, gpus)
+                if packed is not None:
+                    packed[(gpu_type, gpus)] = allocation
+            else:
+                allocation = packed[(gpu_type, gpus)]
             if allocation is not None:
                 best = min(best, (allocation_run_seconds(job, allocation, rates, inp.inventory), gpus))
     return best
@@ -75,7 +81,8 @@ def fastest_packed(job: PlanJob, inp: PlanningInput) -> tuple[float, int]:
 
 def critical_ranks(inp: PlanningInput, share: float = CRITICAL_SHARE) -> dict[str, int]:
     """Critical jobs' ranks, longest first n..1 (ties: the earlier submitted ranks higher)."""
-    fastest = {job.id: fastest_packed(job, inp) for job in inp.jobs}
+    packed: dict[tuple[str, int], Allocation | None] = {}  # the same few (type, size) for thousands of jobs
+    fastest = {job.id: fastest_packed(job, inp, packed) for job in inp.jobs}
     times = {job_id: seconds for job_id, (seconds, _) in fastest.items()}
     finite = [job for job in inp.jobs if math.isfinite(times[job.id])]
     if not finite or not math.isfinite(share):

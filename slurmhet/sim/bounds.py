@@ -42,11 +42,14 @@ from slurmhet.sim.traces import TraceJob
 
 #: The makespan LP is solved for at most this many arrival thresholds (any subset is valid).
 MAX_THRESHOLDS = 48
-#: The interval-indexed JCT LP: grid points grow geometrically by this factor; at most this many release
-#: times become grid points (the others round down to one, which only relaxes); no LP above this many columns.
+#: The interval-indexed JCT LP's grid: points growing geometrically by this factor, at most this many release
+#: times (the others round down to a grid point, which only relaxes), ...
 GRID_RATIO = 1.15
-MAX_RELEASE_POINTS = 48
-MAX_LP_COLUMNS = 400_000
+MAX_RELEASE_POINTS = 200
+#: ... plus this many equal intervals up to the horizon (halved while the LP is too large).
+GRID_INTERVALS = 80
+#: No LP above this many columns.
+MAX_LP_COLUMNS = 150_000
 
 
 @dataclass(frozen=True)
@@ -225,19 +228,24 @@ def _interval_lp(inst: _Instance, alone: np.ndarray, forks: bool, weight: np.nda
     releases = np.unique(inst.arrival)
     if len(releases) > MAX_RELEASE_POINTS:
         releases = np.unique(releases[np.linspace(0, len(releases) - 1, MAX_RELEASE_POINTS).round().astype(int)])
-    step = max(float(alone.min()) / 4, 1.0)
-    grid, t = [first], first + step
+    geometric, t = [first], first + max(float(alone.min()) / 4, 1.0)
     while t < first + 3 * span:
-        grid.append(t)
+        geometric.append(t)
         t = first + (t - first) * GRID_RATIO
-    points = np.unique(np.concatenate([np.array(grid), releases]))
+    for intervals in (GRID_INTERVALS, GRID_INTERVALS // 2, GRID_INTERVALS // 4):
+        uniform = first + np.arange(intervals + 1) * (span / intervals)
+        points = np.unique(np.concatenate([np.array(geometric), uniform, releases]))
+        start_of = np.searchsorted(points, inst.arrival, side="right") - 1  # release rounded down to a grid point
+        cells = [(j, g, i) for j in range(n) for g in range(m) if work[j, g] > 0
+                 for i in range(start_of[j], len(points))]
+        if len(cells) + n <= MAX_LP_COLUMNS:
+            break
+    else:
+        return 0.0
     starts = points
     lengths = np.append(np.diff(points), np.inf)
-    start_of = np.searchsorted(points, inst.arrival, side="right") - 1  # release rounded down to a grid point
-    cells = [(j, g, i) for j in range(n) for g in range(m) if work[j, g] > 0 for i in range(start_of[j], len(points))]
-    if len(cells) + n > MAX_LP_COLUMNS:
-        return 0.0
     model = highs()
+    model.setOptionValue("solver", "ipm")
     inf = highspy.kHighsInf
     n_y = len(cells)
     cost = np.zeros(n_y + n)
