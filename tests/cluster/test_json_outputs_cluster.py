@@ -17,8 +17,10 @@ def test_every_json_output_is_one_document(tmp_path: Path, state_dir: Path) -> N
             cli(*argv, state=state_dir).stdout)
     job_id = documents["submit"]["jobs"][0]["job_id"]
     wait_for(state_dir, [job_id])
-    for argv in (("status", "--json"), ("replan", "--once", "--dry-run", "--json"), ("report", "--json")):
-        documents[argv[0]] = json.loads(cli(*argv, state=state_dir).stdout)
+    for argv in (("status", "--json"), ("replan", "--once", "--dry-run", "--json"), ("report", "--json"),
+                 ("bench", "emit", "--jobs", "10", "--json")):
+        documents[argv[0]] = json.loads(cli(*argv, state=state_dir, timeout=300).stdout)
     assert documents["submit --dry-run"]["jobs"] and documents["plan"]["jobs"]
     assert any(row["id"] == job_id for row in documents["status"]["jobs"])
     assert documents["cluster"]["gpus_by_type"]
+    assert documents["bench"]["array_jobs_per_s"] > 0
