@@ -72,7 +72,7 @@ class GavelRounds(TimePolicy):
 
     def decide(self, view: ClusterView) -> dict[int, Placement]:
         types = _type_order(view)
-        self._credit_round(view, types)
+        self._credit_round(view)
         self._track_jobs(view, types)
         if self._changed and (self._last_reset is None or self._last_reset == 0.0
                               or view.now - self._last_reset >= RESET_INTERVAL_S):
@@ -84,7 +84,7 @@ class GavelRounds(TimePolicy):
                                   for j, t in chosen.items() if j in out})
         return out
 
-    def _credit_round(self, view: ClusterView, types: list[str]) -> None:
+    def _credit_round(self, view: ClusterView) -> None:
         """Credit each job of the last round the seconds it ran (to its finish if it finished), and its type."""
         if self._round is None:
             return
@@ -235,10 +235,13 @@ def _as_allocation(jobs: list[JobState], types: list[str], x: np.ndarray | None)
     return {job.job_id: {t: min(1.0, float(x[j * m + k])) for k, t in enumerate(types)} for j, job in enumerate(jobs)}
 
 
-def _throughputs(view: ClusterView, jobs: list[JobState], types: list[str]) -> np.ndarray:
-    """T[j, t]: Gavel's throughput of job j on its scale factor's GPUs of type t (the table's consolidated cell)."""
-    return np.array([[view.rates.type_rate(j.job_type, j.gpus, t) for t in types] for j in jobs]).reshape(len(jobs),
-                                                                                                        len(types))
+def _lp_inputs(view: ClusterView, jobs: list[JobState]) -> tuple[dict[str, int], list[str], np.ndarray]:
+    """GPUs per type, the types in Gavel's column order (alphabetical), and T[j, t]: the job's throughput on its
+    scale factor's GPUs of type t (the table's consolidated cell)."""
+    capacity = view.type_capacity()
+    types = sorted(capacity)
+    rates = [[view.rates.type_rate(j.job_type, j.gpus, t) for t in types] for j in jobs]
+    return capacity, types, np.array(rates).reshape(len(jobs), len(types))
 
 
 class GavelMaxMinFairness(GavelRounds):
@@ -248,11 +251,9 @@ class GavelMaxMinFairness(GavelRounds):
     key = "gavel-mmf"
 
     def allocate(self, view: ClusterView, jobs: list[JobState]) -> Allocation:
-        capacity = view.type_capacity()
-        types = sorted(capacity)
         if not jobs:
             return {}
-        T = _throughputs(view, jobs, types)
+        capacity, types, T = _lp_inputs(view, jobs)
         share = np.array([capacity[t] for t in types], dtype=float) / sum(capacity.values())
         proportional = T @ share
         m, n = len(types), len(jobs)
@@ -301,11 +302,9 @@ class GavelMinTotalDuration(GavelRounds):
     key = "gavel-mtd"
 
     def allocate(self, view: ClusterView, jobs: list[JobState]) -> Allocation:
-        capacity = view.type_capacity()
-        types = sorted(capacity)
         if not jobs:
             return {}
-        T = _throughputs(view, jobs, types)
+        capacity, types, T = _lp_inputs(view, jobs)
         m, n = len(types), len(jobs)
         upper = np.where(T.ravel() > 0, 1.0, 0.0)
         base = _base_rows(jobs, types, capacity)
