@@ -23,7 +23,6 @@ from slurmhet.errors import InputError
 from slurmhet.planner.registry import POLICIES
 from slurmhet.policies.base import ClusterView, JobState
 from slurmhet.policies.default import SlurmhetForking, SlurmhetRelaxed
-from slurmhet.policies.hadar import Hadar
 from slurmhet.policies.registry import TIME_POLICIES
 from slurmhet.policies.sjf_bco import SjfBco
 from slurmhet.sim import (
@@ -296,29 +295,6 @@ def case_gavel_generated(quick: bool) -> dict[str, Any]:
     return {"traces": out}
 
 
-def case_scale(quick: bool) -> dict[str, Any]:
-    """Planner seconds per decision with 2,048 queued jobs on 1,024 GPUs of 4 types (256 nodes x 4)."""
-    n_jobs, per_type = (256, 32) if quick else (2048, 256)
-    inventory = parse_cluster_spec(",".join(f"{t}:{per_type}" for t in ("v100", "p100", "t4", "k80")), 4)
-    rates = RateModel(DerivedThroughputs(default_throughputs()), ContentionModel(inventory.inter_node_gbps))
-    trace = resolve_steps(generate_trace(n_jobs, 11, "zero"), lambda t, k: rates.type_rate(t, k, "v100"))
-    out = {}
-    for name, policy in (("slurmhet", TIME_POLICIES["slurmhet"]()), ("hadar", Hadar())):
-        jobs = [JobState(j.job_id, j.job_type, j.gpus, j.weight, 0.0, j.total_steps or 0.0, j.total_steps or 0.0)
-                for j in trace]
-        view = ClusterView(0.0, capacity_of(inventory), jobs, rates, tuple(n.name for n in inventory.nodes))
-        timings = []
-        for _ in range(2):  # an empty cluster, then a steady round with every job placed where it was
-            started = time.perf_counter()
-            decision = policy.decide(view)
-            timings.append(time.perf_counter() - started)
-            for job in jobs:
-                job.placement = decision.get(job.job_id, ())
-        out[name] = {"plan_seconds_first": round(timings[0], 4), "plan_seconds_steady": round(timings[1], 4),
-                     "placed_jobs": sum(1 for j in jobs if j.placement)}
-    return {"jobs": n_jobs, "gpus": 4 * per_type, "policies": out}
-
-
 #: (jobs, GPUs) of ``scale-10k``: the issue's measured sizes and its two targets (10,000 x 10,000 under 5 s,
 #: 20,000 x 10,000 under 10 s per decision).
 SCALE_SIZES = ((2048, 1024), (8192, 1024), (2048, 8192), (8192, 8192), (20000, 8192), (10000, 10000), (20000, 10000))
@@ -350,8 +326,7 @@ def case_scale_10k(quick: bool) -> dict[str, Any]:
 
 CASES: dict[str, Callable[[bool], dict[str, Any]]] = {
     "hare": case_hare, "hadar": case_hadar, "hadar-seeds": case_hadar_seeds, "hadare": case_hadare, "sjfbco": case_sjfbco,
-    "gavel-trace": case_gavel_trace, "gavel-generated": case_gavel_generated, "scale": case_scale,
-    "scale-10k": case_scale_10k,
+    "gavel-trace": case_gavel_trace, "gavel-generated": case_gavel_generated, "scale-10k": case_scale_10k,
 }
 
 

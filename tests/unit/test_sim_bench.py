@@ -6,7 +6,7 @@ from bench.reproduce import median_over_seeds, run
 
 
 def test_quick_cases_report_metrics_and_ratios() -> None:
-    result = run(["hare", "sjfbco", "hadare", "gavel-trace", "scale"], quick=True)
+    result = run(["hare", "sjfbco", "hadare", "gavel-trace", "gavel-generated", "scale-10k"], quick=True)
     cases = result["cases"]
     assert result["quick"] is True
     assert set(result["solver"]) == {"highspy", "pulp"} and all(result["solver"].values())
@@ -17,7 +17,16 @@ def test_quick_cases_report_metrics_and_ratios() -> None:
     assert sjf["sjf-bco"]["makespan"] < sjf["rand"]["makespan"]
     assert cases["sjfbco"]["kappa_sweep_makespan"]
     assert {"M-1", "M-5"} <= set(cases["hadare"]["mixes"])
-    assert cases["scale"]["policies"]["slurmhet"]["plan_seconds_first"] < 10
+    assert [(r["jobs"], r["gpus"]) for r in cases["scale-10k"]["rows"]] == [(256, 128), (512, 1024)]
+    assert all(r["seconds"] > 0 and r["ratio_to_bound"] >= 1 for r in cases["scale-10k"]["rows"])
+    reports = [hare, cases["sjfbco"], *cases["hadare"]["mixes"].values(), *cases["gavel-trace"]["traces"].values(),
+               *cases["gavel-generated"]["traces"].values()]
+    for report in reports:  # every simulated case: the instance's bounds, and every policy at or above them
+        assert set(report["bound"]) == {"avg_jct", "makespan", "weighted_jct"}
+        for row in report["policies"].values():
+            assert all(v is None or v >= 1 - 1e-9 for v in row["ratio_to_bound"].values())
+    assert set(cases["gavel-trace"]["traces"]["max_min_fairness"]["policies"]) == {
+        "slurmhet", "gavel-mmf", "gavel-fifo", "gavel-mtd"}
     json.dumps(result, allow_nan=False)  # strict JSON, no NaN
 
 
