@@ -48,6 +48,8 @@ GRID_RATIO = 1.15
 MAX_RELEASE_POINTS = 200
 #: ... plus this many equal intervals up to the horizon (halved while the LP is too large).
 GRID_INTERVALS = 80
+#: The makespan LP prices co-location pair by pair up to this many pairs (beyond, by gamma).
+MAX_PAIRS = 20_000
 #: No LP above this many columns.
 MAX_LP_COLUMNS = 150_000
 
@@ -81,6 +83,8 @@ class _Instance:
     own: np.ndarray       # v[j, g]: best own rate per GPU, co-located included
     capacity: np.ndarray  # C_g
     gamma: np.ndarray     # gamma_g
+    #: Co-locatable job pairs (a, b, g, r_a, r_b) whose measured rates beat sharing the GPU's time (None: too many).
+    pairs: tuple[tuple[int, int, int, float, float], ...] | None = ()
 
 
 def instance_bounds(jobs: Sequence[TraceJob], capacity: Mapping[str, int], rates: RateModel, *,
@@ -136,7 +140,31 @@ def _instance(jobs: Sequence[TraceJob], capacity: Mapping[str, int], rates: Rate
     return _Instance(
         steps=np.array([float(j.total_steps or 0.0) for j in jobs]), gpus=np.array([float(j.gpus) for j in jobs]),
         arrival=np.array([j.arrival for j in jobs], dtype=float), weight=np.array([j.weight for j in jobs], dtype=float),
-        u=u, own=own, capacity=np.array([float(capacity[t]) for t in types]), gamma=gamma)
+        u=u, own=own, capacity=np.array([float(capacity[t]) for t in types]), gamma=gamma,
+        pairs=_pairs(jobs, types, rates, u) if colocates else ())
+
+
+def _pairs(jobs: Sequence[TraceJob], types: list[str], rates: RateModel,
+           u: np.ndarray) -> tuple[tuple[int, int, int, float, float], ...] | None:
+    """Every pair of single-GPU jobs with a measured co-located rate on a type that beats time-sharing one GPU
+    (``r_a / u_a + r_b / u_b > 1``; a pair that does not is dominated and may be left out); None above MAX_PAIRS."""
+    singles = [j for j, job in enumerate(jobs) if job.gpus == 1]
+    if len(singles) * (len(singles) - 1) // 2 > 5 * MAX_PAIRS:
+        return None
+    by_kind: dict[tuple[str, str, int], tuple[float, float] | None] = {}
+    out = []
+    for x, a in enumerate(singles):
+        for b in singles[x + 1:]:
+            for g, t in enumerate(types):
+                kind = (jobs[a].job_type, jobs[b].job_type, g)
+                if kind not in by_kind:
+                    by_kind[kind] = rates.colocated_rates((kind[0], kind[1]), t)
+                pair = by_kind[kind]
+                if pair and u[a, g] > 0 and u[b, g] > 0 and pair[0] / u[a, g] + pair[1] / u[b, g] > 1:
+                    out.append((a, b, g, float(pair[0]), float(pair[1])))
+                    if len(out) > MAX_PAIRS:
+                        return None
+    return tuple(out)
 
 
 def _alone_seconds(inst: _Instance, forks: bool) -> np.ndarray:
@@ -177,25 +205,46 @@ def _fluid_makespan(inst: _Instance, forks: bool) -> float:
 
 
 def _fluid_time(inst: _Instance, members: np.ndarray, forks: bool) -> float:
-    work = inst.u[members] * inst.gamma[None, :]
+    """The fluid LP of :func:`_fluid_makespan` for ``members``. Co-location enters pair by pair when the instance
+    lists its pairs: ``z`` GPU-seconds of jobs a and b sharing a GPU of type g give a ``r_a z`` and b ``r_b z``
+    steps and count once against the type's capacity and once against each job's GPU limit (E2); otherwise
+    every GPU-second does up to gamma_g times a job's isolated work."""
+    pairs = inst.pairs
+    scale = inst.gamma if pairs is None else np.ones(len(inst.gamma))
+    work = inst.u[members] * scale[None, :]
     n, m = work.shape
+    local = {int(j): i for i, j in enumerate(members)}
+    shared = [(local[a], local[b], g, ra, rb) for a, b, g, ra, rb in (pairs or ()) if a in local and b in local]
     model = highs()
     inf = highspy.kHighsInf
-    # Columns: y[j, g] for each (j, g) with work > 0, then T.
+    # Columns: y[j, g] for each (j, g) with work > 0, then z per shared pair, then T.
     cells = [(j, g) for j in range(n) for g in range(m) if work[j, g] > 0]
     index = {cell: i for i, cell in enumerate(cells)}
-    t_col = len(cells)
-    model.addVars(len(cells) + 1, np.zeros(len(cells) + 1), np.full(len(cells) + 1, inf))
+    z0 = len(cells)
+    t_col = z0 + len(shared)
+    model.addVars(t_col + 1, np.zeros(t_col + 1), np.full(t_col + 1, inf))
     model.changeColCost(t_col, 1.0)
+    job_cols: list[list[int]] = [[index[(j, g)] for g in range(m) if (j, g) in index] for j in range(n)]
+    job_work: list[list[float]] = [[work[j, g] for g in range(m) if (j, g) in index] for j in range(n)]
+    type_cols: list[list[int]] = [[index[(j, g)] for j in range(n) if (j, g) in index] for g in range(m)]
+    job_share: list[list[int]] = [[] for _ in range(n)]
+    for k, (a, b, g, ra, rb) in enumerate(shared):
+        job_cols[a].append(z0 + k)
+        job_work[a].append(ra)
+        job_cols[b].append(z0 + k)
+        job_work[b].append(rb)
+        type_cols[g].append(z0 + k)
+        job_share[a].append(z0 + k)
+        job_share[b].append(z0 + k)
     for j in range(n):
-        cols = [index[(j, g)] for g in range(m) if (j, g) in index]
-        model.addRow(float(inst.steps[members[j]]), inf, len(cols), np.array(cols, dtype=np.int32),
-                     np.array([work[j, g] for g in range(m) if (j, g) in index]))
+        model.addRow(float(inst.steps[members[j]]), inf, len(job_cols[j]), np.array(job_cols[j], dtype=np.int32),
+                     np.array(job_work[j]))
         if not forks:
-            model.addRow(0.0, inf, len(cols) + 1, np.array([t_col, *cols], dtype=np.int32),
-                         np.array([inst.gpus[members[j]], *([-1.0] * len(cols))]))
+            held = [index[(j, g)] for g in range(m) if (j, g) in index] + job_share[j]
+            model.addRow(0.0, inf, len(held) + 1, np.array([t_col, *held], dtype=np.int32),
+                         np.array([inst.gpus[members[j]], *([-1.0] * len(held))]))
     for g in range(m):
-        cols = [index[(j, g)] for j in range(n) if (j, g) in index]
+        cols = type_cols[g]
         model.addRow(0.0, inf, len(cols) + 1, np.array([t_col, *cols], dtype=np.int32),
                      np.array([inst.capacity[g], *([-1.0] * len(cols))]))
     model.run()

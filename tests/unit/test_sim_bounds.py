@@ -100,3 +100,15 @@ def test_forking_and_colocation_weaken_the_bound_to_stay_valid() -> None:
     # On one V100 the pair runs at 0.8 + 0.8 = 1.6 times one job's rate: 160 steps in 100 s, not 160 s.
     assert instance_bounds(mixed, {"v100": 1}, shared).makespan == pytest.approx(160.0)
     assert instance_bounds(mixed, {"v100": 1}, shared, colocates=True).makespan == pytest.approx(100.0)
+
+
+def test_colocation_is_priced_pair_by_pair_in_the_makespan_lp() -> None:
+    """Only x and y have a measured pair (1.6 times one job's rate); w shares with nobody. Pair by pair the V100
+    needs 100 s for x and y together plus 100 s for w; a uniform gain of 1.6 would allow 260 / 1.6 = 162.5 s."""
+    from slurmhet.sim.contention import ContentionModel
+    from slurmhet.sim.rates import RateModel
+
+    table = {"x": {"v100": 1.0}, "y": {"v100": 1.0}, "w": {"v100": 1.0}}
+    shared = RateModel(PairRates(table), ContentionModel(1.0, xi2=0.0), {t: 0.0 for t in table})
+    jobs = [TraceJob(0, "x", 1, 0.0, 80.0), TraceJob(1, "y", 1, 0.0, 80.0), TraceJob(2, "w", 1, 0.0, 100.0)]
+    assert instance_bounds(jobs, {"v100": 1}, shared, colocates=True).makespan == pytest.approx(200.0)
