@@ -4,8 +4,8 @@ Between two events (arrival, completion, round boundary, decision) every running
 job progresses at a constant rate, so the engine jumps from event to event and
 never steps through time. A round ends after ``round_s``; for a policy with
 ``round_ends_when_done`` also when every job running in it has finished (Gavel's
-simulator, where a round lasts as long as its longest job). A changed allocation costs a checkpoint-restart
-(``restart_s``) during which the job holds its GPUs but makes no progress; a first
+simulator, where a round lasts as long as its longest job). A changed allocation
+costs a checkpoint-restart (``restart_s``) during which the job holds its GPUs but makes no progress; a first
 start costs ``start_s`` the same way (process start-up, rendezvous: what a live
 cluster charges every job); a job running as several forked copies pays
 ``consolidate_s`` each round (HadarE).
