@@ -275,8 +275,8 @@ def _versus_gavel(report: Any, own: dict[str, tuple[float, float]]) -> dict[str,
     return {"gavel_own": {p: {"avg_jct": a, "makespan": m} for p, (a, m) in own.items()},
             "vs_gavel_own": {p: {"avg_jct": round(report.metrics[p].avg_jct / a, 4),
                                  "makespan": round(report.metrics[p].makespan / m, 4)} for p, (a, m) in own.items()},
-            "gavel_own_vs_slurmhet": {p: {"avg_jct": round(a / ours.avg_jct, 4), "makespan": round(m / ours.makespan, 4)}
-                                      for p, (a, m) in own.items()}}
+            "gavel_own_vs_slurmhet": {p: {"avg_jct": round(a / ours.avg_jct, 4),
+                                          "makespan": round(m / ours.makespan, 4)} for p, (a, m) in own.items()}}
 
 
 def case_gavel_generated(quick: bool) -> dict[str, Any]:

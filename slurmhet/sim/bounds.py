@@ -139,7 +139,8 @@ def _instance(jobs: Sequence[TraceJob], capacity: Mapping[str, int], rates: Rate
                     own[ji, gi] = max(own[ji, gi], best_own.get((job.job_type, t), 0.0))
     return _Instance(
         steps=np.array([float(j.total_steps or 0.0) for j in jobs]), gpus=np.array([float(j.gpus) for j in jobs]),
-        arrival=np.array([j.arrival for j in jobs], dtype=float), weight=np.array([j.weight for j in jobs], dtype=float),
+        arrival=np.array([j.arrival for j in jobs], dtype=float),
+        weight=np.array([j.weight for j in jobs], dtype=float),
         u=u, own=own, capacity=np.array([float(capacity[t]) for t in types]), gamma=gamma,
         pairs=_pairs(jobs, types, rates, u) if colocates else ())
 
@@ -257,13 +258,12 @@ def _interval_lp(inst: _Instance, alone: np.ndarray, forks: bool, weight: np.nda
     """sum_j w_j (C_j - r_j) >= the optimum of an interval-indexed LP (Hall, Schulz, Shmoys and Wein's
     relaxation, per GPU type); 0 when the LP would be too large or is not solved.
 
-    Time is cut at grid points ``a_0 < a_1 < ...`` (release times and a geometric grid; the last interval is
-    unbounded). ``y[j, g, i]`` = GPU-seconds of type ``g`` job ``j`` gets in interval ``i``. Every schedule
-    gives such ``y`` with: work ``sum y u gamma >= S_j`` (E1-E2); per interval and type at most
+    Time is cut at grid points ``a_0 < a_1 < ...`` (release times, a geometric and a uniform grid reaching
+    three times ``horizon``, the makespan bound, past the first arrival; the last interval is unbounded, which
+    is valid, only looser). ``y[j, g, i]`` = GPU-seconds of type ``g`` job ``j`` gets in interval ``i``. Every
+    schedule gives such ``y`` with: work ``sum y u gamma >= S_j`` (E1-E2); per interval and type at most
     ``C_g * length`` GPU-seconds; without forking at most ``k_j * length`` per job (E3); nothing before the
-    job's release (its release rounded down to a grid point, a relaxation). The grid reaches three times
-    ``horizon`` (the makespan bound) past the first arrival; whatever lies beyond is valid, only looser. Its mean busy time
-    ``M_j`` (the work-weighted mean time of its processing) is at least ``sum_i f_ji a_i``, ``f_ji`` the share
+    job's release (its release rounded down to a grid point, a relaxation). Its mean busy time ``M_j`` (the work-weighted mean time of its processing) is at least ``sum_i f_ji a_i``, ``f_ji`` the share
     of its work done in interval ``i``; it runs at most at its alone rate, so its work spans at least
     ``alone_j`` and ``C_j >= M_j + alone_j / 2``; and ``C_j >= r_j + alone_j``. Minimising
     ``sum w_j C_j`` under these constraints so bounds every schedule's.
