@@ -503,14 +503,18 @@ def parse_job(data: Any, source: str, where: str = "") -> JobSpec:
 
 def load_text(text: str, source: str) -> list[JobSpec]:
     """Parse a YAML document holding one job or ``jobs: [...]``."""
+    loader = _LocatedLoader(text)
+    loader.name = source  # marks name the file, not "<unicode string>" (errors raised while loading use them)
     try:
-        data = yaml.load(text, Loader=_LocatedLoader)  # noqa: S506 - a SafeLoader subclass
+        data = loader.get_single_data()
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         raise InputError(f"YAML syntax error: {exc.problem or exc.context}", place=_fmt(mark, source),
                          hint="check indentation and quoting on that line") from exc
     except yaml.YAMLError as exc:
         raise InputError(f"YAML error: {exc}", place=source, hint="check the file is YAML") from exc
+    finally:
+        loader.dispose()
     if data is None:
         raise InputError("the file holds no job", place=source, hint="write one job mapping or 'jobs: [...]'")
     if isinstance(data, dict) and "jobs" in data:

@@ -60,6 +60,8 @@ BASE = "name: a\ncommand: x\nworkload: {model: m, batch_size: 2}\nwork: {steps: 
     [
         ("name: a\ncomand: x\n", "f.yaml:2:1", "did you mean 'command'"),
         ("name: [a\n", "f.yaml:2:1", "YAML syntax error"),
+        ("name: a\nname: b\ncommand: x\n", "f.yaml:2:1", "duplicate key 'name'"),
+        ("jobs:\n  - {name: a, 3: [x], name: b}\n", "f.yaml:2:", "duplicate key 'name'"),
         (BASE + "gpus: {min: 3, max: 1}\n", "f.yaml:5:", "below min"),
         (BASE + "gpus: {min: 0}\n", "f.yaml:5:", ">= 1"),
         (BASE + "sbatch: ['--gres=gpu:2']\n", "f.yaml:5:", "managed by slurmhet"),
