@@ -240,20 +240,26 @@ def gavel_setup(spec: str) -> Inventory:
     return parse_cluster_spec(spec, GAVEL_SERVER_GPUS)
 
 
-def case_gavel_trace(quick: bool) -> dict[str, Any]:
-    """Gavel's physical-cluster traces on 8 V100 + 16 P100 + 24 K80 in Gavel's set-up (free preemption, one server
-    per type), with each Gavel policy's figures over those of Gavel's own simulator (``vs_gavel_own``)."""
+def _against_gavel(traces: dict[str, tuple[Path, dict[str, tuple[float, float]]]], quick_jobs: int,
+                   quick: bool) -> dict[str, Any]:
+    """Each trace on 8 V100 + 16 P100 + 24 K80 in Gavel's set-up (free preemption, one server per type) under
+    slurmhet and Gavel's policies, with their figures against Gavel's own (``_versus_gavel``) on the full traces."""
     inventory = gavel_setup("v100:8,p100:16,k80:24")
     rates = RateModel(default_throughputs(), ContentionModel(inventory.inter_node_gbps))
     out = {}
-    for name in ("max_min_fairness", "minimize_makespan"):
-        jobs = load_gavel_trace(TRACES / f"{name}.trace", rates.source.job_types())
-        jobs = jobs[:24] if quick else jobs
+    for name, (path, own) in traces.items():
+        jobs = load_gavel_trace(path, rates.source.job_types())
+        jobs = jobs[:quick_jobs] if quick else jobs
         report = run_policies(jobs, inventory, rates,
                               _policies(["slurmhet", "gavel-mmf", "gavel-fifo", "gavel-mtd"], 360.0),
                               SimConfig(round_s=360.0, restart_s=0.0))
-        out[name] = _report(report, {} if quick else _versus_gavel(report, GAVEL_OWN[name]))
+        out[name] = _report(report, {} if quick else _versus_gavel(report, own))
     return {"traces": out}
+
+
+def case_gavel_trace(quick: bool) -> dict[str, Any]:
+    """Gavel's physical-cluster traces, each against Gavel's own simulator (``GAVEL_OWN``)."""
+    return _against_gavel({name: (TRACES / f"{name}.trace", own) for name, own in GAVEL_OWN.items()}, 24, quick)
 
 
 #: Gavel's own simulator on 120 jobs made by its own generator (Poisson arrivals, multi-GPU jobs, seed 0) at 0.5,
@@ -280,19 +286,10 @@ def _versus_gavel(report: Any, own: dict[str, tuple[float, float]]) -> dict[str,
 
 
 def case_gavel_generated(quick: bool) -> dict[str, Any]:
-    """Continuous arrivals from Gavel's own generator, light load to overload, in Gavel's set-up, each against
-    Gavel's own simulator on the same jobs (``GAVEL_OWN_GENERATED``)."""
-    inventory = gavel_setup("v100:8,p100:16,k80:24")
-    rates = RateModel(default_throughputs(), ContentionModel(inventory.inter_node_gbps))
-    out = {}
-    for name, own in GAVEL_OWN_GENERATED.items():
-        jobs = load_gavel_trace(TRACES / "generated" / f"{name}.trace", rates.source.job_types())
-        jobs = jobs[:30] if quick else jobs
-        report = run_policies(jobs, inventory, rates,
-                              _policies(["slurmhet", "gavel-mmf", "gavel-fifo", "gavel-mtd"], 360.0),
-                              SimConfig(round_s=360.0, restart_s=0.0))
-        out[name] = _report(report, {} if quick else _versus_gavel(report, own))
-    return {"traces": out}
+    """Continuous arrivals from Gavel's own generator, light load to overload, each against Gavel's own simulator
+    on the same jobs (``GAVEL_OWN_GENERATED``)."""
+    return _against_gavel({name: (TRACES / "generated" / f"{name}.trace", own)
+                           for name, own in GAVEL_OWN_GENERATED.items()}, 30, quick)
 
 
 #: (jobs, GPUs) of ``scale-10k``: the issue's measured sizes and its two targets (10,000 x 10,000 under 5 s,
