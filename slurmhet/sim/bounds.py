@@ -121,48 +121,53 @@ def _instance(jobs: Sequence[TraceJob], capacity: Mapping[str, int], rates: Rate
                                                                                                           len(types))
     own = u.copy()
     gamma = np.ones(len(types))
-    if colocates:
-        singles = sorted({j.job_type for j in jobs if j.gpus == 1})
-        solo = {(a, t): rates.type_rate(a, 1, t) for a in singles for t in types}
-        best_own: dict[tuple[str, str], float] = {}
-        for gi, t in enumerate(types):
-            for a in singles:
-                for b in singles:
-                    pair = rates.colocated_rates((a, b), t)
-                    if not pair or solo[(a, t)] <= 0 or solo[(b, t)] <= 0:
-                        continue
-                    gamma[gi] = max(gamma[gi], pair[0] / solo[(a, t)] + pair[1] / solo[(b, t)])
-                    best_own[(a, t)] = max(best_own.get((a, t), 0.0), pair[0])
-        for ji, job in enumerate(jobs):
-            for gi, t in enumerate(types):
-                if job.gpus == 1:
-                    own[ji, gi] = max(own[ji, gi], best_own.get((job.job_type, t), 0.0))
+    measured = _measured_pairs(jobs, types, rates) if colocates else {}
+    best_own: dict[tuple[str, int], float] = {}
+    for (a, b, g), (ra, rb) in measured.items():
+        gamma[g] = max(gamma[g], ra / rates.type_rate(a, 1, types[g]) + rb / rates.type_rate(b, 1, types[g]))
+        best_own[(a, g)] = max(best_own.get((a, g), 0.0), ra)
+    for ji, job in enumerate(jobs):
+        for g in range(len(types)):
+            if job.gpus == 1:
+                own[ji, g] = max(own[ji, g], best_own.get((job.job_type, g), 0.0))
     return _Instance(
         steps=np.array([float(j.total_steps or 0.0) for j in jobs]), gpus=np.array([float(j.gpus) for j in jobs]),
         arrival=np.array([j.arrival for j in jobs], dtype=float),
         weight=np.array([j.weight for j in jobs], dtype=float),
         u=u, own=own, capacity=np.array([float(capacity[t]) for t in types]), gamma=gamma,
-        pairs=_pairs(jobs, types, rates, u) if colocates else ())
+        pairs=_pairs(jobs, u, measured) if colocates else ())
 
 
-def _pairs(jobs: Sequence[TraceJob], types: list[str], rates: RateModel,
-           u: np.ndarray) -> tuple[tuple[int, int, int, float, float], ...] | None:
+def _measured_pairs(jobs: Sequence[TraceJob], types: list[str],
+                    rates: RateModel) -> dict[tuple[str, str, int], tuple[float, float]]:
+    """(job type a, job type b, type index) -> measured co-located rates, for single-GPU job types that run on
+    the type alone: what both gamma and the pair-by-pair LP read."""
+    singles = sorted({j.job_type for j in jobs if j.gpus == 1})
+    out = {}
+    for g, t in enumerate(types):
+        runs = [a for a in singles if rates.type_rate(a, 1, t) > 0]
+        for a in runs:
+            for b in runs:
+                pair = rates.colocated_rates((a, b), t)
+                if pair:
+                    out[(a, b, g)] = (float(pair[0]), float(pair[1]))
+    return out
+
+
+def _pairs(jobs: Sequence[TraceJob], u: np.ndarray, measured: Mapping[tuple[str, str, int], tuple[float, float]]
+           ) -> tuple[tuple[int, int, int, float, float], ...] | None:
     """Every pair of single-GPU jobs with a measured co-located rate on a type that beats time-sharing one GPU
     (``r_a / u_a + r_b / u_b > 1``; a pair that does not is dominated and may be left out); None above MAX_PAIRS."""
     singles = [j for j, job in enumerate(jobs) if job.gpus == 1]
     if len(singles) * (len(singles) - 1) // 2 > 5 * MAX_PAIRS:
         return None
-    by_kind: dict[tuple[str, str, int], tuple[float, float] | None] = {}
     out = []
     for x, a in enumerate(singles):
         for b in singles[x + 1:]:
-            for g, t in enumerate(types):
-                kind = (jobs[a].job_type, jobs[b].job_type, g)
-                if kind not in by_kind:
-                    by_kind[kind] = rates.colocated_rates((kind[0], kind[1]), t)
-                pair = by_kind[kind]
-                if pair and u[a, g] > 0 and u[b, g] > 0 and pair[0] / u[a, g] + pair[1] / u[b, g] > 1:
-                    out.append((a, b, g, float(pair[0]), float(pair[1])))
+            for g in range(u.shape[1]):
+                pair = measured.get((jobs[a].job_type, jobs[b].job_type, g))
+                if pair and pair[0] / u[a, g] + pair[1] / u[b, g] > 1:
+                    out.append((a, b, g, pair[0], pair[1]))
                     if len(out) > MAX_PAIRS:
                         return None
     return tuple(out)
