@@ -585,12 +585,11 @@ def simulate(trace_path: str | None, generate_n: int | None, arrivals: str, clus
     if (trace_path is None) == (generate_n is None):
         raise InputError("give exactly one of --trace and --generate", place="--trace/--generate",
                          hint="--generate 100 or --trace jobs.trace")
+    gavel_setup = trace_path is None or not trace_path.lower().endswith(".csv")  # a CSV trace is not Gavel's
     if trace_path is not None:
-        jobs = (sim.load_csv_trace(trace_path) if trace_path.lower().endswith(".csv")
-                else sim.load_gavel_trace(trace_path))
+        jobs = sim.load_gavel_trace(trace_path) if gavel_setup else sim.load_csv_trace(trace_path)
     else:
         jobs = sim.generate_trace(generate_n or 0, seed, arrivals)
-    gavel_setup = trace_path is None or not trace_path.lower().endswith(".csv")
     if gpus_per_node is None:
         gpus_per_node = sim.GAVEL_SERVER_GPUS if gavel_setup else 4
     if restart_s is None:

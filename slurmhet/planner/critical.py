@@ -55,6 +55,7 @@ def fastest_packed(job: PlanJob, inp: PlanningInput,
     of the type holds, and as many as the type has (each capped at ``max_gpus``), since spreading over nodes
     may cost more in all-reduce than it gains; a rigid job on its size.
     """
+    packed = {} if packed is None else packed  # (type, size) -> its packed allocation, shared by the caller's jobs
     try:
         rates, _ = job_rates(job, inp.throughput, inp.inventory.gpu_types)
     except InputError:
@@ -68,12 +69,9 @@ def fastest_packed(job: PlanJob, inp: PlanningInput,
         node = order[0][0] if order else 0  # the largest node of the type
         sizes = {max(job.min_gpus, min(job.max_gpus, n)) for n in (job.min_gpus, node, capacity.get(gpu_type, 0))}
         for gpus in sorted(sizes):
-            if packed is None or (gpu_type, gpus) not in packed:
-                allocation = packed_allocation(inp.inventory, gpu_type, gpus)
-                if packed is not None:
-                    packed[(gpu_type, gpus)] = allocation
-            else:
-                allocation = packed[(gpu_type, gpus)]
+            if (gpu_type, gpus) not in packed:
+                packed[(gpu_type, gpus)] = packed_allocation(inp.inventory, gpu_type, gpus)
+            allocation = packed[(gpu_type, gpus)]
             if allocation is not None:
                 best = min(best, (allocation_run_seconds(job, allocation, rates, inp.inventory), gpus))
     return best
