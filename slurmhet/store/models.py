@@ -6,12 +6,36 @@ import enum
 from datetime import datetime, timezone
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, Enum, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, DateTime, Dialect, Enum, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.types import TypeDecorator
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
+
+
+def _as_utc(value: datetime | None) -> datetime | None:
+    if value is None:
+        return None
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """A UTC instant that comes back aware on every backend.
+
+    SQLite drops the offset and returns naive values while Slurm's times arrive aware: a part
+    read back from SQLite beside one just refreshed from squeue made `min(starts)` raise.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return _as_utc(value)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        return _as_utc(value)
 
 
 class Base(DeclarativeBase):
@@ -47,10 +71,10 @@ class Job(Base):
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     plan: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     predicted_jct_s: Mapped[float | None] = mapped_column(Float, nullable=True)
-    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
-    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
-    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow, onupdate=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
+    ended_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
 
     slurm_jobs: Mapped[list["SlurmJob"]] = relationship(back_populates="job", cascade="all, delete-orphan",
                                                         order_by="SlurmJob.id")
@@ -76,9 +100,9 @@ class SlurmJob(Base):
     reason: Mapped[str] = mapped_column(Text, default="")
     exit_code: Mapped[str | None] = mapped_column(String(16), nullable=True)
     alloc_tres: Mapped[str] = mapped_column(Text, default="")
-    submitted_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
-    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
-    ended_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    submitted_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
+    started_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
+    ended_at: Mapped[datetime | None] = mapped_column(UtcDateTime(), nullable=True)
     argv: Mapped[list[str]] = mapped_column(JSON, default=list)
     #: Seconds from this Slurm job's start to its job's first progress, once folded into StartupObservation.
     startup_s: Mapped[float | None] = mapped_column(Float, nullable=True)
@@ -91,7 +115,7 @@ class Event(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), nullable=True, index=True)
-    at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
     kind: Mapped[str] = mapped_column(String(32))
     message: Mapped[str] = mapped_column(Text, default="")
     data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
@@ -106,7 +130,7 @@ class ThroughputObservation(Base):
     gpu_type: Mapped[str] = mapped_column(String(32), primary_key=True)
     samples_per_s: Mapped[float] = mapped_column(Float)
     samples: Mapped[int] = mapped_column(Integer, default=0)
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow, onupdate=utcnow)
 
 
 class StartupObservation(Base):
@@ -117,7 +141,7 @@ class StartupObservation(Base):
     workload: Mapped[str] = mapped_column(String(200), primary_key=True)
     seconds: Mapped[float] = mapped_column(Float)
     samples: Mapped[int] = mapped_column(Integer, default=0)
-    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow, onupdate=utcnow)
 
 
 class ProgressMark(Base):
@@ -135,7 +159,7 @@ class ClusterSnapshot(Base):
     __tablename__ = "cluster_snapshots"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    taken_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    taken_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow)
     nodes: Mapped[dict[str, Any]] = mapped_column(JSON)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing
 import time
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
@@ -20,9 +21,18 @@ def _exercise(db: Database) -> None:
         job = create_job(session, SPEC, "alice", "f.yaml")
         job.slurm_jobs.append(SlurmJob(slurm_job_id="17", role="het", het_offset=1, gpu_type="t4", gpu_count=2))
         job_id = job.id
+    started = datetime(2026, 11, 25, 17, 0, 5, tzinfo=timezone(timedelta(hours=2)))
+    with db.transaction() as session:
+        part = get_job(session, job_id).slurm_jobs[0]  # type: ignore[union-attr]
+        part.started_at = started
     with db.transaction() as session:
         again = get_job(session, job_id)
         assert again is not None and again.state is JobState.PENDING
+        # Back as the same instant, aware and in UTC, on SQLite too (it drops offsets).
+        back = again.slurm_jobs[0].started_at
+        assert back == started and back is not None and back.utcoffset() == timedelta(0)
+        assert again.created_at.tzinfo is not None
+        assert min(back, datetime.now(timezone.utc)) == back  # comparable with what Slurm parsers return
         assert again.spec["name"] == "a" and again.slurm_jobs[0].het_offset == 1
         assert list(session.scalars(text("SELECT kind FROM events"))) == ["stored"]
     with pytest.raises(RuntimeError):
