@@ -6,11 +6,15 @@ PY        := $(VENV)/bin/python
 SLURMHET  := $(VENV)/bin/slurmhet
 DEVCLUSTER := etc/devcluster/devcluster
 PGCLUSTER  := etc/devcluster/pgcluster
-export SLURMHET_STATE_DIR ?= $(CURDIR)/.state
+# The Slurm that `make demo` runs on: 22.05 on the host, or 24.11 / 26.05 in their chroots.
+SLURM     ?= 22.05
+# The newer Slurm series whose real clusters `make test` runs the cluster tests on as well.
+TEST_SLURM_SERIES ?= 24.11 26.05
+export SLURMHET_STATE_DIR ?= $(CURDIR)/$(if $(filter 22.05,$(SLURM)),.state,.state-$(SLURM))
 # The dev cluster's GPU types (v100, t4, k80): Gavel's table plus flagged t4 priors.
 export SLURMHET_THROUGHPUT_TABLE ?= $(CURDIR)/etc/throughput/devcluster.yaml
 
-.PHONY: demo test setup cluster-up cluster-down pg-up pg-down spank goldens clean
+.PHONY: demo test test-slurm setup cluster-up cluster-down pg-up pg-down spank goldens clean
 
 setup: $(VENV)/.installed
 
@@ -37,16 +41,25 @@ spank:
 	$(MAKE) -C spank
 
 ## demo: a real local Slurm cluster with other users' jobs arriving (devcluster noise), the example workload, and a report.
-demo: setup cluster-up
-	etc/demo
+demo: setup
+	$(DEVCLUSTER) up --slurm $(SLURM)
+	$(DEVCLUSTER) exec --slurm $(SLURM) -- etc/demo
 
 ## test: the whole suite, with the real Slurm cluster and PostgreSQL (cluster tests must not skip).
 test: setup cluster-up pg-up
 	SLURMHET_REQUIRE_CLUSTER=1 SLURMHET_TEST_PG_URL="$$($(PGCLUSTER) url)" $(VENV)/bin/pytest -q
+	for v in $(TEST_SLURM_SERIES); do $(MAKE) --no-print-directory test-slurm SLURM=$$v || exit 1; done
+
+## test-slurm: the real-cluster tests on Slurm $(SLURM), its cluster started in its chroot (built once, cached) and stopped after.
+test-slurm: setup pg-up
+	$(DEVCLUSTER) up --slurm $(SLURM)
+	rc=0; $(DEVCLUSTER) exec --slurm $(SLURM) -- env SLURMHET_REQUIRE_CLUSTER=1 \
+	    SLURMHET_TEST_PG_URL="$$($(PGCLUSTER) url)" $(VENV)/bin/pytest -q tests/cluster || rc=$$?; \
+	$(DEVCLUSTER) down --slurm $(SLURM); exit $$rc
 
 ## goldens: regenerate the golden sbatch scripts after an intended template change.
 goldens: setup
 	SLURMHET_REGEN_GOLDENS=1 $(VENV)/bin/pytest -q tests/unit/test_render_golden.py
 
 clean:
-	rm -rf $(VENV) .state
+	rm -rf $(VENV) .state .state-*

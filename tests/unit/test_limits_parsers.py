@@ -1,10 +1,8 @@
-"""Parsers of a shared cluster's limits (slurmhet/slurm/limits.py) on outputs recorded from the 22.05 dev cluster."""
+"""Parsers of a shared cluster's limits (slurmhet/slurm/limits.py) on outputs recorded from each series' dev cluster."""
 
 from __future__ import annotations
 
-import json
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 from typing import Mapping, Sequence
 
 import pytest
@@ -13,20 +11,13 @@ from slurmhet.slurm import limits
 from slurmhet.slurm.client import SlurmCli
 from slurmhet.slurm.parsers import SlurmOutputError
 from slurmhet.slurm.runner import CommandResult, SlurmCommandError
-
-FIX = Path(__file__).resolve().parent.parent / "fixtures" / "slurm-22.05"
-OW_IDS = json.loads((FIX / "job_ids_openworld.json").read_text())
-
-
-def read(name: str) -> str:
-    return (FIX / name).read_text()
-
+from tests.unit.recorded import Recorded
 
 # --------------------------------------------------------------------------- partitions
 
 
-def test_partitions_of_the_dev_cluster_and_a_private_one() -> None:
-    parts = {p.name: p for p in limits.parse_partitions(read("scontrol_show_partition_oneliner.txt"))}
+def test_partitions_of_the_dev_cluster_and_a_private_one(rec: Recorded) -> None:
+    parts = {p.name: p for p in limits.parse_partitions(rec.read("scontrol_show_partition_oneliner.txt"))}
     assert {"gpu", "v100", "t4", "k80", "fx-private"} <= set(parts)
     gpu = parts["gpu"]
     assert gpu.nodes == ("nodea", "nodeb", "nodec") and gpu.default and gpu.state == "UP"
@@ -84,9 +75,9 @@ def test_bad_max_time_names_the_partition() -> None:
 # --------------------------------------------------------------------------- reservations
 
 
-def test_reservation_for_another_user_and_none() -> None:
-    assert limits.parse_reservations(read("scontrol_show_reservation_none.txt")) == []
-    (res,) = limits.parse_reservations(read("scontrol_show_reservation_oneliner.txt"))
+def test_reservation_for_another_user_and_none(rec: Recorded) -> None:
+    assert limits.parse_reservations(rec.read("scontrol_show_reservation_none.txt")) == []
+    (res,) = limits.parse_reservations(rec.read("scontrol_show_reservation_oneliner.txt"))
     assert res.name == "fx-maint" and res.nodes == ("nodeb",) and res.state == "ACTIVE"
     assert res.users == ("slurmhet-test",) and res.accounts == () and "SPEC_NODES" in res.flags
     assert res.start.tzinfo == timezone.utc and res.end - res.start == timedelta(hours=1)
@@ -118,8 +109,8 @@ def test_bad_reservation_output_names_the_command(line: str) -> None:
 # --------------------------------------------------------------------------- associations, QOS, user
 
 
-def test_associations_of_root_and_the_capped_user() -> None:
-    assocs = limits.parse_assocs(read("sacctmgr_show_assoc.txt"))
+def test_associations_of_root_and_the_capped_user(rec: Recorded) -> None:
+    assocs = limits.parse_assocs(rec.read("sacctmgr_show_assoc.txt"))
     by_key = {(a.account, a.user): a for a in assocs}
     assert {("slurmhet", "root"), ("root", "root"), ("capped", "slurmhet-capped")} <= set(by_key)
     capped = by_key[("capped", "slurmhet-capped")]
@@ -145,8 +136,8 @@ def test_bad_assoc_output_names_the_command(text: str, message: str) -> None:
         limits.parse_assocs(text)
 
 
-def test_qos_and_the_gpu2_cap() -> None:
-    qos = {q.name: q for q in limits.parse_qos(read("sacctmgr_show_qos.txt"))}
+def test_qos_and_the_gpu2_cap(rec: Recorded) -> None:
+    qos = {q.name: q for q in limits.parse_qos(rec.read("sacctmgr_show_qos.txt"))}
     assert qos["gpu2"].gpu_cap() == 2 and qos["gpu2"].max_tres_per_user == {"gres/gpu": 2}
     assert qos["normal"].gpu_cap() is None and qos["normal"].priority == 0
     (q,) = limits.parse_qos("high|100||gres/gpu=8|gres/gpu=32|5|02:00:00\n")
@@ -165,8 +156,8 @@ def test_bad_qos_output_names_the_command(text: str) -> None:
         limits.parse_qos(text)
 
 
-def test_default_account() -> None:
-    assert limits.parse_default_account(read("sacctmgr_show_user.txt")) == "capped"
+def test_default_account(rec: Recorded) -> None:
+    assert limits.parse_default_account(rec.read("sacctmgr_show_user.txt")) == "capped"
     assert limits.parse_default_account("") == ""
     with pytest.raises(SlurmOutputError, match="sacctmgr show user"):
         limits.parse_default_account("slurmhet-capped")  # truncated
@@ -177,17 +168,17 @@ def test_default_account() -> None:
 # --------------------------------------------------------------------------- expected starts
 
 
-def test_pending_starts_behind_a_foreign_job() -> None:
-    starts = {s.job_id: s for s in limits.parse_pending_starts(read("squeue_start.txt"))}
-    behind = starts[str(OW_IDS["behind"])]
+def test_pending_starts_behind_a_foreign_job(rec: Recorded) -> None:
+    starts = {s.job_id: s for s in limits.parse_pending_starts(rec.read("squeue_start.txt"))}
+    behind = starts[str(rec.ow_ids["behind"])]
     assert behind.expected_start is not None and behind.expected_start.tzinfo == timezone.utc
     # squeue --start may word the reason at length ("Nodes required for job are DOWN, ...")
     # where --json says Resources; the recording holds whichever the scheduler wrote.
     assert behind.sched_nodes == ("nodea",)
     assert behind.reason == "Resources" or behind.reason.startswith("Nodes required for job")
-    waiting = starts[str(OW_IDS["waiting"])]
+    waiting = starts[str(rec.ow_ids["waiting"])]
     assert waiting.expected_start is None and waiting.sched_nodes == () and waiting.reason == "Dependency"
-    assert str(OW_IDS["foreign"]) not in starts  # running jobs have no expected start
+    assert str(rec.ow_ids["foreign"]) not in starts  # running jobs have no expected start
 
 
 @pytest.mark.parametrize("text", [
@@ -204,8 +195,8 @@ def test_bad_pending_start_output_names_the_command(text: str) -> None:
 # --------------------------------------------------------------------------- usage history
 
 
-def test_usage_history_keeps_finished_gpu_jobs_that_ran() -> None:
-    usage = limits.parse_usage(read("sacct_usage.txt"))
+def test_usage_history_keeps_finished_gpu_jobs_that_ran(rec: Recorded) -> None:
+    usage = limits.parse_usage(rec.read("sacct_usage.txt"))
     # fx-foreign (slurmhet-test, v100, --time=10) and fx-two-node (root, gpu, --time=5) ran and were
     # cancelled; fx-behind and fx-waiting never started, so they say nothing about run lengths.
     by_user = {(u.user, u.partition): u for u in usage}
@@ -256,25 +247,26 @@ class RecordedRunner:
         ("sacct", "--allusers", "-X"): "sacct_usage.txt",
     }
 
-    def __init__(self) -> None:
+    def __init__(self, rec: Recorded) -> None:
+        self.rec = rec
         self.calls: list[list[str]] = []
 
     def run(self, argv: Sequence[str], *, stdin: str | None = None, timeout: float | None = None,
             env: Mapping[str, str] | None = None) -> CommandResult:
         self.calls.append(list(argv))
         name = next(v for k, v in self.OUTPUTS.items() if tuple(argv[:len(k)]) == k)
-        return CommandResult(tuple(argv), read(name), "")
+        return CommandResult(tuple(argv), self.rec.read(name), "")
 
 
-def test_client_reads_the_shared_cluster_through_the_runner() -> None:
-    runner = RecordedRunner()
+def test_client_reads_the_shared_cluster_through_the_runner(rec: Recorded) -> None:
+    runner = RecordedRunner(rec)
     cli = SlurmCli(runner)
     assert "fx-private" in {p.name for p in cli.partitions()}
     assert [r.name for r in cli.reservations()] == ["fx-maint"]
     assert cli.associations("slurmhet-capped")[0].account == "slurmhet"  # the recording holds two users
     assert cli.default_account("slurmhet-capped") == "capped"
     assert {q.name for q in cli.qos()} == {"normal", "gpu2"}
-    assert str(OW_IDS["behind"]) in {s.job_id for s in cli.pending_starts()}
+    assert str(rec.ow_ids["behind"]) in {s.job_id for s in cli.pending_starts()}
     assert runner.calls[2] == ["sacctmgr", "-n", "-P", "show", "assoc", "user=slurmhet-capped",
                                "format=Account,User,Partition,QOS,DefaultQOS,MaxTRES,GrpTRES,MaxJobs,MaxWall"]
     assert runner.calls[5] == ["squeue", "--all", "--start", "--noheader", "--format=%A|%S|%Y|%r"]
@@ -284,14 +276,14 @@ def test_client_reads_the_shared_cluster_through_the_runner() -> None:
     assert runner.calls[6][5:7] == ["--starttime", since.astimezone().strftime("%Y-%m-%dT%H:%M:%S")]
 
 
-def test_without_accounting_the_sacctmgr_failure_reaches_the_caller() -> None:
+def test_without_accounting_the_sacctmgr_failure_reaches_the_caller(rec: Recorded) -> None:
     class NoAccounting(RecordedRunner):
         def run(self, argv: Sequence[str], **kw: object) -> CommandResult:
             if argv[0] == "sacctmgr":
                 raise SlurmCommandError(argv, 1, "", "sacctmgr: error: Problem talking to the database")
             return super().run(argv)
 
-    cli = SlurmCli(NoAccounting())
+    cli = SlurmCli(NoAccounting(rec))
     with pytest.raises(SlurmCommandError, match="Problem talking to the database"):
         cli.associations("root")
     with pytest.raises(SlurmCommandError):

@@ -1,21 +1,19 @@
-"""Pure parsers on outputs recorded from the Slurm 22.05 dev cluster (tests/fixtures/slurm-22.05)."""
+"""Pure parsers on outputs recorded from the dev cluster of each Slurm series (tests/fixtures/slurm-*)."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
 from slurmhet.slurm import parsers
 from slurmhet.slurm.parsers import SlurmOutputError
-
-FIX = Path(__file__).resolve().parent.parent / "fixtures" / "slurm-22.05"
-IDS = json.loads((FIX / "job_ids.json").read_text())
+from tests.unit.recorded import Recorded
 
 
-def test_node_inventory_from_scontrol() -> None:
-    nodes = {n.name: n for n in parsers.parse_scontrol_nodes((FIX / "scontrol_show_nodes_oneliner_busy.txt").read_text())}
+
+def test_node_inventory_from_scontrol(rec: Recorded) -> None:
+    nodes = {n.name: n for n in parsers.parse_scontrol_nodes(rec.read("scontrol_show_nodes_oneliner_busy.txt"))}
     assert {k: dict(v.gpus) for k, v in nodes.items()} == {"nodea": {"v100": 4}, "nodeb": {"t4": 4}, "nodec": {"k80": 2}}
     assert nodes["nodea"].mps == 400 and nodes["nodeb"].shards == 8
     assert nodes["nodea"].features == ("v100", "volta") and nodes["nodea"].cpus == 4
@@ -31,8 +29,8 @@ def test_gres_strings() -> None:
         parsers.parse_gres("gpu:v100:x")
 
 
-def test_sbatch_parsable() -> None:
-    assert parsers.parse_sbatch_parsable((FIX / "sbatch_parsable_het.txt").read_text()) == str(IDS["het"])
+def test_sbatch_parsable(rec: Recorded) -> None:
+    assert parsers.parse_sbatch_parsable(rec.read("sbatch_parsable_het.txt")) == str(rec.ids["het"])
     assert parsers.parse_sbatch_parsable("123;cluster\n") == "123"
     with pytest.raises(SlurmOutputError):
         parsers.parse_sbatch_parsable("Submitted batch job 12")
@@ -51,55 +49,55 @@ def test_job_ids(text: str, expected: parsers.SlurmJobId) -> None:
     assert parsers.parse_job_id(text) == expected
 
 
-def test_sacct_with_steps_het_and_arrays() -> None:
-    records = parsers.parse_sacct_parsable((FIX / "sacct_parsable2_steps.txt").read_text())
+def test_sacct_with_steps_het_and_arrays(rec: Recorded) -> None:
+    records = parsers.parse_sacct_parsable(rec.read("sacct_parsable2_steps.txt"))
     by_id = {(r.id.job, r.id.het_offset, r.id.array_task, r.id.step): r for r in records}
-    het = str(IDS["het"])
+    het = str(rec.ids["het"])
     assert by_id[(het, 0, None, None)].gpus_by_type() == {"t4": 1}
     assert by_id[(het, 1, None, None)].gpus_by_type() == {"v100": 1}
-    assert by_id[(het, 1, None, None)].raw_id == str(IDS["het"] + 1)
+    assert by_id[(het, 1, None, None)].raw_id == str(rec.ids["het"] + 1)
     assert by_id[(het, 0, None, "batch")].id.is_step
-    cancelled = by_id[(str(IDS["running_then_cancelled"]), None, None, None)]
+    cancelled = by_id[(str(rec.ids["running_then_cancelled"]), None, None, None)]
     assert cancelled.state == "CANCELLED" and cancelled.gpus_by_type() == {"k80": 2}
     assert cancelled.comment == "slurmhet:fx-running"
     assert cancelled.end and cancelled.start and cancelled.elapsed_s == (cancelled.end - cancelled.start).total_seconds()
-    assert by_id[(str(IDS["failed"]), None, None, None)].exit_code == "3:0"
-    assert by_id[(str(IDS["timeout"]), None, None, None)].state == "TIMEOUT"
-    pending = by_id[(str(IDS["pending_then_cancelled"]), None, None, None)]
+    assert by_id[(str(rec.ids["failed"]), None, None, None)].exit_code == "3:0"
+    assert by_id[(str(rec.ids["timeout"]), None, None, None)].state == "TIMEOUT"
+    pending = by_id[(str(rec.ids["pending_then_cancelled"]), None, None, None)]
     assert pending.start is None and pending.nodes == "None assigned"
-    tasks = sorted(r.id.array_task for r in records if r.id.job == str(IDS["array"]) and not r.id.is_step)
+    tasks = sorted(r.id.array_task for r in records if r.id.job == str(rec.ids["array"]) and not r.id.is_step)
     assert tasks == [0, 1, 2, 3]
-    assert {r.id.step for r in records if r.id.job == str(IDS["steps"])} == {None, "batch", "extern", "0", "1"}
-    assert by_id[(str(IDS["mps"]), None, None, None)].alloc_tres["gres/mps"] == 100
+    assert {r.id.step for r in records if r.id.job == str(rec.ids["steps"])} == {None, "batch", "extern", "0", "1"}
+    assert by_id[(str(rec.ids["mps"]), None, None, None)].alloc_tres["gres/mps"] == 100
 
 
-def test_sacct_bad_lines_are_reported() -> None:
+def test_sacct_bad_lines_are_reported(rec: Recorded) -> None:
     with pytest.raises(SlurmOutputError, match="sacct line 1: 2 fields"):
         parsers.parse_sacct_parsable("1|2\n")
-    header = (FIX / "sacct_parsable2_X_header.txt").read_text().splitlines()[0]
+    header = rec.read("sacct_parsable2_X_header.txt").splitlines()[0]
     assert header.split("|") == list(parsers.SACCT_FIELDS)
 
 
-def test_squeue_json_het_array_pending() -> None:
-    records = parsers.parse_squeue_json((FIX / "squeue_mixed.json").read_text())
+def test_squeue_json_het_array_pending(rec: Recorded) -> None:
+    records = parsers.parse_squeue_json(rec.read("squeue_mixed.json"))
     by_job = {r.job_id: r for r in records}
-    het_leader, het_member = by_job[str(IDS["het"])], by_job[str(IDS["het"] + 1)]
+    het_leader, het_member = by_job[str(rec.ids["het"])], by_job[str(rec.ids["het"] + 1)]
     assert (het_leader.het_offset, het_member.het_offset) == (0, 1)
-    assert het_member.root_id == str(IDS["het"]) and het_member.state == "RUNNING"
-    array_tasks = [r for r in records if r.array_job_id == str(IDS["array"])]
-    assert {r.array_task for r in array_tasks} >= {0, 1} and all(r.root_id == str(IDS["array"]) for r in array_tasks)
-    assert by_job[str(IDS["pending_then_cancelled"])].state == "PENDING"
+    assert het_member.root_id == str(rec.ids["het"]) and het_member.state == "RUNNING"
+    array_tasks = [r for r in records if r.array_job_id == str(rec.ids["array"])]
+    assert {r.array_task for r in array_tasks} >= {0, 1} and all(r.root_id == str(rec.ids["array"]) for r in array_tasks)
+    assert by_job[str(rec.ids["pending_then_cancelled"])].state == "PENDING"
     with pytest.raises(SlurmOutputError):
         parsers.parse_squeue_json("{not json")
     # recorded with slurmctld unreachable: squeue exits 0 and reports the failure inside the JSON
     with pytest.raises(SlurmOutputError, match="Failed while looking for jobs"):
-        parsers.parse_squeue_json((FIX / "squeue_json_controller_down.json").read_text())
+        parsers.parse_squeue_json(rec.read("squeue_json_controller_down.json"))
 
 
-def test_config_version_and_times() -> None:
-    config = parsers.parse_scontrol_config((FIX / "scontrol_show_config.txt").read_text())
+def test_config_version_and_times(rec: Recorded) -> None:
+    config = parsers.parse_scontrol_config(rec.read("scontrol_show_config.txt"))
     assert config["MaxArraySize"] == "1001" and config["SelectType"] == "select/cons_tres"
-    assert parsers.parse_version((FIX / "sinfo_version.txt").read_text()) == (22, 5, 8)
+    assert parsers.parse_version(rec.read("sinfo_version.txt")) == (22, 5, 8)
     assert parsers.parse_elapsed("1-02:03:04") == 93784 and parsers.parse_elapsed("05:06") == 306
     assert parsers.parse_tres("cpu=1,mem=2G,gres/gpu:t4=2") == {"cpu": 1.0, "mem": 2048.0, "gres/gpu:t4": 2.0}
     with pytest.raises(SlurmOutputError):
@@ -108,31 +106,28 @@ def test_config_version_and_times() -> None:
 
 # --------------------------------------------------------------------------- squeue: the open world
 
-OW_IDS = json.loads((FIX / "job_ids_openworld.json").read_text())
+def foreign_queue(rec: Recorded) -> dict[str, parsers.QueueRecord]:
+    return {r.job_id: r for r in parsers.parse_squeue_json(rec.read("squeue_json_foreign.json"))}
 
 
-def foreign_queue() -> dict[str, parsers.QueueRecord]:
-    return {r.job_id: r for r in parsers.parse_squeue_json((FIX / "squeue_json_foreign.json").read_text())}
-
-
-def test_squeue_reads_what_a_foreign_job_holds() -> None:
-    foreign = foreign_queue()[str(OW_IDS["foreign"])]
+def test_squeue_reads_what_a_foreign_job_holds(rec: Recorded) -> None:
+    foreign = foreign_queue(rec)[str(rec.ow_ids["foreign"])]
     assert foreign.user == "slurmhet-test" and foreign.state == "RUNNING"
     assert foreign.partition == "v100" and foreign.account == "slurmhet" and foreign.qos == "normal"
     assert foreign.gpus == (("nodea", "v100", 4),) and foreign.gpu_request == (("v100", 4),)
     assert foreign.time_limit_s == 600 and foreign.priority > 0 and foreign.start is not None
 
 
-def test_squeue_splits_a_two_node_job_per_node() -> None:
-    two = foreign_queue()[str(OW_IDS["two_node"])]
+def test_squeue_splits_a_two_node_job_per_node(rec: Recorded) -> None:
+    two = foreign_queue(rec)[str(rec.ow_ids["two_node"])]
     assert two.nodes == "nodeb,nodec"
     assert two.gpus == (("nodeb", "t4", 1), ("nodec", "k80", 1))
     assert two.gpu_request == ((None, 2),)  # --gres=gpu:1 on each of 2 nodes
 
 
-def test_squeue_reads_pending_requests_typed_and_untyped() -> None:
-    queue = foreign_queue()
-    behind, waiting = queue[str(OW_IDS["behind"])], queue[str(OW_IDS["waiting"])]
+def test_squeue_reads_pending_requests_typed_and_untyped(rec: Recorded) -> None:
+    queue = foreign_queue(rec)
+    behind, waiting = queue[str(rec.ow_ids["behind"])], queue[str(rec.ow_ids["waiting"])]
     assert behind.state == "PENDING" and behind.gpus == () and behind.gpu_request == (("v100", 4),)
     assert behind.start is not None  # Slurm's expected start
     assert waiting.reason == "Dependency" and waiting.gpu_request == ((None, 2),)  # --gpus=2: tres_per_job

@@ -1,4 +1,4 @@
-"""Sync and site-profile logic over a fake runner that replays recorded 22.05 outputs."""
+"""Sync and site-profile logic over a fake runner that replays each series' recorded outputs."""
 
 from __future__ import annotations
 
@@ -9,13 +9,14 @@ import pytest
 
 from slurmhet.config import SlurmOverrides
 from slurmhet.slurm.client import SlurmCli
+from slurmhet.slurm.parsers import parse_version
 from slurmhet.slurm.profile import load_profile
 from slurmhet.slurm.runner import CommandResult, SlurmCommandError
 from slurmhet.spec import load_text
 from slurmhet.store import Database, JobState, SlurmJob, create_job
 from slurmhet.sync import fetch_view, sync_jobs
+from tests.unit.recorded import Recorded
 
-FIX = Path(__file__).resolve().parent.parent / "fixtures" / "slurm-22.05"
 
 
 class FakeRunner:
@@ -36,13 +37,13 @@ class FakeRunner:
         raise AssertionError(f"unexpected command {argv}")
 
 
-def _answers() -> dict[str, str]:
+def _answers(rec: Recorded) -> dict[str, str]:
     return {
         "squeue --all": '{"jobs": []}',
-        "sacct --parsable2": (FIX / "sacct_parsable2_X.txt").read_text(),
-        "sinfo --version": (FIX / "sinfo_version.txt").read_text(),
-        "scontrol show config": (FIX / "scontrol_show_config.txt").read_text(),
-        "scontrol show nodes": (FIX / "scontrol_show_nodes_oneliner_idle.txt").read_text(),
+        "sacct --parsable2": rec.read("sacct_parsable2_X.txt"),
+        "sinfo --version": rec.read("sinfo_version.txt"),
+        "scontrol show config": rec.read("scontrol_show_config.txt"),
+        "scontrol show nodes": rec.read("scontrol_show_nodes_oneliner_idle.txt"),
         "sbatch --help": "Usage: sbatch [OPTIONS...] executable [args...]\n",
     }
 
@@ -50,20 +51,21 @@ def _answers() -> dict[str, str]:
 SPEC = load_text("name: a\ncommand: [x]\nworkload: {model: m, batch_size: 2}\nwork: {steps: 3}\n", "f.yaml")[0]
 
 
-def test_sync_reads_final_states_from_sacct(tmp_path: Path) -> None:
+def test_sync_reads_final_states_from_sacct(rec: Recorded, tmp_path: Path) -> None:
+    het_id, failed_id, array_id = (str(rec.ids[k]) for k in ("het", "failed", "array"))
     db = Database(f"sqlite:///{tmp_path}/s.db")
     with db.transaction() as session:
         het = create_job(session, SPEC, "root", "f")
         het.state = JobState.SUBMITTED
-        het.slurm_jobs += [SlurmJob(slurm_job_id="9", role="het", het_offset=0, state="PENDING"),
-                           SlurmJob(slurm_job_id="9", role="het", het_offset=1, state="PENDING")]
+        het.slurm_jobs += [SlurmJob(slurm_job_id=het_id, role="het", het_offset=0, state="PENDING"),
+                           SlurmJob(slurm_job_id=het_id, role="het", het_offset=1, state="PENDING")]
         failed = create_job(session, SPEC, "root", "f")
         failed.state = JobState.SUBMITTED
-        failed.slurm_jobs.append(SlurmJob(slurm_job_id="13", state="PENDING"))
+        failed.slurm_jobs.append(SlurmJob(slurm_job_id=failed_id, state="PENDING"))
         array = create_job(session, SPEC, "root", "f")
         array.state = JobState.SUBMITTED
-        array.slurm_jobs.append(SlurmJob(slurm_job_id="11", role="array", state="PENDING"))
-    runner = FakeRunner(_answers())
+        array.slurm_jobs.append(SlurmJob(slurm_job_id=array_id, role="array", state="PENDING"))
+    runner = FakeRunner(_answers(rec))
     with db.transaction() as session:
         from slurmhet.store import list_jobs
 
@@ -75,39 +77,40 @@ def test_sync_reads_final_states_from_sacct(tmp_path: Path) -> None:
         assert jobs[1].slurm_jobs[0].exit_code == "3:0"
     # one batched squeue and one batched sacct for all three jobs
     assert [c[0] for c in runner.calls] == ["squeue", "sacct"]
-    assert runner.calls[0][-1] == "11,13,9"
+    assert runner.calls[0][-1] == ",".join(sorted((array_id, failed_id, het_id)))
 
 
-def test_sync_leaves_a_forked_round_open_for_the_job_tracker(tmp_path: Path) -> None:
+def test_sync_leaves_a_forked_round_open_for_the_job_tracker(rec: Recorded, tmp_path: Path) -> None:
     """A forked job whose round's consolidation ended is not COMPLETED yet: steps may be left (replan decides)."""
     db = Database(f"sqlite:///{tmp_path}/s.db")
     with db.transaction() as session:
         forked = create_job(session, SPEC, "root", "f")
         forked.state = JobState.RUNNING
-        forked.slurm_jobs.append(SlurmJob(slurm_job_id="11", role="consolidation", round=0, state="RUNNING"))
+        forked.slurm_jobs.append(SlurmJob(slurm_job_id=str(rec.ids["array"]), role="consolidation", round=0,
+                                          state="RUNNING"))
         plain = create_job(session, SPEC, "root", "f")
         plain.state = JobState.RUNNING
-        plain.slurm_jobs.append(SlurmJob(slurm_job_id="11", state="RUNNING"))
+        plain.slurm_jobs.append(SlurmJob(slurm_job_id=str(rec.ids["array"]), state="RUNNING"))
     with db.transaction() as session:
         from slurmhet.store import list_jobs
 
         jobs = list_jobs(session)
-        assert sync_jobs(session, jobs, fetch_view(SlurmCli(FakeRunner(_answers())), jobs)) == 1
+        assert sync_jobs(session, jobs, fetch_view(SlurmCli(FakeRunner(_answers(rec))), jobs)) == 1
         assert [p.state for j in jobs for p in j.slurm_jobs] == ["COMPLETED", "COMPLETED"]
         assert [j.state for j in jobs] == [JobState.RUNNING, JobState.COMPLETED]
 
 
-def test_sync_failure_raises_and_changes_nothing(tmp_path: Path) -> None:
+def test_sync_failure_raises_and_changes_nothing(rec: Recorded, tmp_path: Path) -> None:
     db = Database(f"sqlite:///{tmp_path}/s.db")
     with db.transaction() as session:
         job = create_job(session, SPEC, "root", "f")
         job.state = JobState.SUBMITTED
-        job.slurm_jobs.append(SlurmJob(slurm_job_id="13", state="PENDING"))
+        job.slurm_jobs.append(SlurmJob(slurm_job_id=str(rec.ids["failed"]), state="PENDING"))
     with pytest.raises(SlurmCommandError):
         with db.snapshot() as session:
             from slurmhet.store import list_jobs
 
-            fetch_view(SlurmCli(FakeRunner(_answers(), fail="squeue")), list_jobs(session))
+            fetch_view(SlurmCli(FakeRunner(_answers(rec), fail="squeue")), list_jobs(session))
     with db.transaction() as session:
         from slurmhet.store import get_job
 
@@ -115,11 +118,13 @@ def test_sync_failure_raises_and_changes_nothing(tmp_path: Path) -> None:
         assert again is not None and again.state is JobState.SUBMITTED and again.slurm_jobs[0].state == "PENDING"
 
 
-def test_profile_probe_cache_and_overrides(tmp_path: Path) -> None:
-    runner = FakeRunner(_answers())
+def test_profile_probe_cache_and_overrides(rec: Recorded, tmp_path: Path) -> None:
+    runner = FakeRunner(_answers(rec))
     cache = tmp_path / "profile.json"
     profile = load_profile(SlurmCli(runner), cache, SlurmOverrides())
-    assert profile.slurm_version == "22.5.8" and profile.accounting and profile.major == 22
+    version = ".".join(map(str, parse_version(rec.read("sinfo_version.txt"))))
+    assert version.startswith(f"{rec.version[0]}.{rec.version[1]}.")  # e.g. 22.5.8 for 22.05
+    assert profile.slurm_version == version and profile.accounting and profile.major == rec.version[0]
     assert profile.max_array_size == 1001 and profile.gpu_request_style == "gpus-per-node"
     assert profile.has_mps and profile.has_shard and not profile.spank_plugin
     calls = len(runner.calls)
@@ -128,7 +133,7 @@ def test_profile_probe_cache_and_overrides(tmp_path: Path) -> None:
     assert again.gpu_request_style == "gres" and again.max_array_size == 50
 
 
-def test_concurrent_probes_each_write_the_cache_whole(tmp_path: Path) -> None:
+def test_concurrent_probes_each_write_the_cache_whole(rec: Recorded, tmp_path: Path) -> None:
     """Fifty `slurmhet submit`s on a fresh state dir all probe at once; each must write its own temporary
     file (a shared `profile.tmp` made one process's rename fail with FileNotFoundError in a cluster run)."""
     import json
@@ -142,7 +147,7 @@ def test_concurrent_probes_each_write_the_cache_whole(tmp_path: Path) -> None:
         start.wait()
         for _ in range(20):
             try:
-                load_profile(SlurmCli(FakeRunner(_answers())), cache, SlurmOverrides(), refresh=True)
+                load_profile(SlurmCli(FakeRunner(_answers(rec))), cache, SlurmOverrides(), refresh=True)
             except BaseException as exc:  # noqa: BLE001 - collected and asserted below
                 errors.append(exc)
 
@@ -152,5 +157,5 @@ def test_concurrent_probes_each_write_the_cache_whole(tmp_path: Path) -> None:
     for thread in threads:
         thread.join()
     assert errors == []
-    assert json.loads(cache.read_text())["slurm_version"] == "22.5.8"
+    assert json.loads(cache.read_text())["slurm_version"] == ".".join(map(str, parse_version(rec.read("sinfo_version.txt"))))
     assert [p.name for p in tmp_path.iterdir()] == ["profile.json"]  # no temporary file left
