@@ -288,7 +288,11 @@ def test_signal_checkpoints_then_ends_on_timeout_or_requeues_on_preemption(tmp_p
     env = product_env(tmp_path, client) + (("SLURMHET_EMULATE_THROUGHPUT", "1"),
                                            ("SLURMHET_EMULATED_SAMPLES_PER_S", "64"))  # 0.5 s per step
     jobs = {}
-    for job_id, kind, steps, extra in ((9401, "timeout", 40, (("SLURMHET_MAX_TIMEOUT_REQUEUES", "0"),)),
+    # The timeout job's warning lead covers its whole 5-minute limit: newer Slurm (24.11 here, not 22.05) sets
+    # SLURM_JOB_END_TIME, and a USR2 minutes before the end is then told apart from a time-limit warning
+    # (runtime/checkpoint.classify_stop) and taken for a preemption; 22.05 has no end time and goes by the signal.
+    for job_id, kind, steps, extra in ((9401, "timeout", 40, (("SLURMHET_MAX_TIMEOUT_REQUEUES", "0"),
+                                                              ("SLURMHET_SIGNAL_LEAD_S", "600"))),
                                        (9402, "preempted", 20, ())):
         ckpt = tmp_path / f"ckpt-{kind}"
         launch = Launch((PY, TRAIN, "--steps", str(steps), *SMALL), LAUNCHER,
