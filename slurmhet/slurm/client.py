@@ -66,13 +66,17 @@ class SlurmCli:
     def queue(self, job_ids: Sequence[str] | None = None) -> list[QueueRecord]:
         if job_ids is not None and not job_ids:
             return []
+        # --states=all: 22.05's squeue --json lists finished jobs still in the controller (MinJobAge) as
+        # well, 24.11's and 26.05's only active ones unless asked; an orphan that finished before the
+        # next replan would be missed there (seen on 24.11: resubmitted instead of adopted).
         if job_ids is None:
-            return parsers.parse_squeue_json(self._run(["squeue", "--all", "--json"]))
+            return parsers.parse_squeue_json(self._run(["squeue", "--all", "--json", "--states=all"]))
         out: list[QueueRecord] = []
         ids = sorted(set(job_ids))
         for start in range(0, len(ids), _SQUEUE_CHUNK):
             chunk = ids[start:start + _SQUEUE_CHUNK]
-            out += parsers.parse_squeue_json(self._run(["squeue", "--all", "--json", "--jobs", ",".join(chunk)]))
+            out += parsers.parse_squeue_json(self._run(["squeue", "--all", "--json", "--states=all", "--jobs",
+                                                        ",".join(chunk)]))
         wanted = set(ids)
         return [r for r in out if {r.job_id, r.root_id} & wanted]
 

@@ -290,7 +290,8 @@ class QueueRecord:
 
 
 def _num(value: Any) -> int | None:
-    """squeue --json numbers are plain ints in 22.05 and {set, infinite, number} later."""
+    """squeue --json numbers: plain ints in 22.05; ``{set, infinite, number}`` from 23.02 (data_parser), as the
+    24.11 and 26.05 recordings in tests/fixtures show."""
     if isinstance(value, dict):
         return int(value["number"]) if value.get("set", True) and not value.get("infinite") else None
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
@@ -314,7 +315,8 @@ def _time_limit_s(value: Any) -> float | None:
 
 
 def _gres_gpus(text: str, job_id: str) -> list[tuple[str | None, int]]:
-    """GPU entries of a tres_per_* string: ``gres:gpu:v100:4`` (22.05) or ``gres/gpu:v100=4`` (later)."""
+    """GPU entries of a tres_per_* string: ``gres:gpu:v100:4`` (22.05), ``gres/gpu:v100:4`` (24.11, 26.05: the
+    TRES name's slash from 23.02 on) or ``gres/gpu:v100=4``."""
     out: list[tuple[str | None, int]] = []
     for item in split_top_level(text or ""):
         if not item.startswith(("gres:", "gres/")):
@@ -401,7 +403,7 @@ def parse_squeue_json(stdout: str) -> list[QueueRecord]:
     out = []
     for job in data.get("jobs", []):
         state = job.get("job_state")
-        state = state[0] if isinstance(state, list) and state else state
+        state = state[0] if isinstance(state, list) and state else state  # a list from 23.02 on (24.11, 26.05)
         het_id = _num(job.get("het_job_id"))
         array_id = _num(job.get("array_job_id"))
         array_task = _num(job.get("array_task_id"))
