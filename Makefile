@@ -47,13 +47,13 @@ demo: setup
 
 ## test: the whole suite, with the real Slurm cluster and PostgreSQL (cluster tests must not skip).
 test: setup cluster-up pg-up
-	SLURMHET_REQUIRE_CLUSTER=1 SLURMHET_TEST_PG_URL="$$($(PGCLUSTER) url)" $(VENV)/bin/pytest -q
+	SLURMHET_REQUIRE_CLUSTER=1 SLURMHET_EXPECT_SLURM=22.05 SLURMHET_TEST_PG_URL="$$($(PGCLUSTER) url)" $(VENV)/bin/pytest -q
 	for v in $(TEST_SLURM_SERIES); do $(MAKE) --no-print-directory test-slurm SLURM=$$v || exit 1; done
 
 ## test-slurm: the real-cluster tests on Slurm $(SLURM), its cluster started in its chroot (built once, cached) and stopped after.
 test-slurm: setup pg-up
 	$(DEVCLUSTER) up --slurm $(SLURM)
-	rc=0; $(DEVCLUSTER) exec --slurm $(SLURM) -- env SLURMHET_REQUIRE_CLUSTER=1 \
+	rc=0; $(DEVCLUSTER) exec --slurm $(SLURM) -- env SLURMHET_REQUIRE_CLUSTER=1 SLURMHET_EXPECT_SLURM=$(SLURM) \
 	    SLURMHET_TEST_PG_URL="$$($(PGCLUSTER) url)" $(VENV)/bin/pytest -q tests/cluster || rc=$$?; \
 	$(DEVCLUSTER) down --slurm $(SLURM); exit $$rc
 
