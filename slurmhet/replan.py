@@ -33,9 +33,10 @@ from slurmhet.store.models import ClusterSnapshot, ProgressMark, ThroughputObser
 from slurmhet.shared_cluster import SharedCluster, read_shared
 from slurmhet.submission import (PLACED, UNPLACED, Candidate, Dispatcher, candidate_of, describe, dispatches,
                                  foreign_gpu_nodes, next_round, plan_for, render_parts, stored_allocation,
-                                 throughput_table, unplaceable)
+                                 unplaceable)
+from slurmhet.site_table import learned_table, site_table
 from slurmhet.sync import adopt_orphans, ask_slurm, forked_round, sync_jobs
-from slurmhet.throughput import ThroughputEntry, ThroughputTable, canonical_key
+from slurmhet.throughput import ThroughputTable, canonical_key
 
 #: A refused job is retried this many times, then left SUBMIT_FAILED for a person to look at.
 MAX_SUBMIT_ATTEMPTS = 5
@@ -93,15 +94,6 @@ def cluster_events(previous: dict[str, Any] | None, current: dict[str, Any]) -> 
     return events
 
 
-def learned_table(session: Session, base: ThroughputTable) -> ThroughputTable:
-    """The site table with every stored runtime estimate laid over it."""
-    entries = dict(base.entries)
-    for obs in session.scalars(select(ThroughputObservation)):
-        entries[(obs.workload, obs.gpu_type)] = ThroughputEntry(obs.samples_per_s, "ewma", "runtime measurement",
-                                                                obs.samples)
-    return ThroughputTable(entries, base.colocated_pairs, base.profiles, base.gpu_memory_gb, base.ewma_alpha)
-
-
 def fold_progress(session: Session, records: Sequence[ProgressRecord], workloads: dict[str, str],
                   table: ThroughputTable) -> tuple[ThroughputTable, list[str]]:
     """EWMA each new per-rank throughput sample into the table; each update is counted once."""
@@ -126,7 +118,7 @@ def fold_progress(session: Session, records: Sequence[ProgressRecord], workloads
             session.add(ThroughputObservation(workload=cell[0], gpu_type=cell[1], samples_per_s=after.value,
                                               samples=after.samples))
         else:
-            obs.samples_per_s, obs.samples = after.value, after.samples
+            obs.samples_per_s, obs.samples, obs.source = after.value, after.samples, "ewma"
         if mark is None:
             mark = marks[key] = ProgressMark(key=key, updated_at=record.updated_at)
             session.add(mark)
@@ -292,7 +284,7 @@ class Replanner:
             records = read_progress(self.settings.progress_dir)
             workloads = {str(j.id): self._workload(j) for j in jobs}
             table, shifts = fold_progress(session, records, workloads,
-                                          learned_table(session, throughput_table(self.settings)))
+                                          learned_table(session, site_table(self.settings)))
             result.events += shifts
             fold_startup(session, jobs, records, workloads, table.ewma_alpha)
             startup = learned_startup(session)

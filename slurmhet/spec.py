@@ -19,6 +19,7 @@ import yaml
 
 from slurmhet.cluster import Inventory
 from slurmhet.errors import InputError
+from slurmhet.gpu_catalog import PRECISIONS
 
 SYNC_MODES = ("allreduce", "ps", "local-sgd")
 
@@ -52,10 +53,26 @@ class Workload:
 
     model: str
     batch_size: int
+    #: The user's own samples/s per GPU type, used as a flagged prior until measured.
+    samples_per_s_hint: tuple[tuple[str, float], ...] = ()
+    #: "fp32" or "mixed" (FP16/BF16 autocast): which catalog roof a prior reads.
+    precision: str = "fp32"
+    #: FLOP per byte of memory traffic, when known: catalog priors by roofline.
+    arithmetic_intensity: float | None = None
 
     @property
     def key(self) -> str:
         return f"{self.model} (batch size {self.batch_size})"
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"model": self.model, "batch_size": self.batch_size}
+        if self.samples_per_s_hint:
+            out["samples_per_s_hint"] = dict(self.samples_per_s_hint)
+        if self.precision != "fp32":
+            out["precision"] = self.precision
+        if self.arithmetic_intensity is not None:
+            out["arithmetic_intensity"] = self.arithmetic_intensity
+        return out
 
 
 @dataclass(frozen=True)
@@ -116,7 +133,7 @@ class JobSpec:
         """The canonical mapping form, stored in the database and re-parseable by ``parse_job``."""
         out: dict[str, Any] = {
             "name": self.name,
-            "workload": {"model": self.workload.model, "batch_size": self.workload.batch_size},
+            "workload": self.workload.to_dict(),
             "global_batch": self.global_batch,
             "sync": self.sync,
             "gpus": {"min": self.gpus.min, "max": self.gpus.max, "types": list(self.gpus.types)},
@@ -302,13 +319,34 @@ def _workload(f: _Fields) -> Workload:
         if not match:
             raise f.fail("workload", f"cannot read {raw!r}", "'ResNet-50 (batch size 64)' or {model, batch_size}")
         return Workload(match.group(1), int(match.group(2)))
-    w = f.sub("workload", ("model", "batch_size"))
+    w = f.sub("workload", ("model", "batch_size", "samples_per_s_hint", "precision", "arithmetic_intensity"))
     model = w.string("model", required=True)
     batch = w.integer("batch_size")
     if batch is None:
         raise InputError(f"missing field '{w.path('batch_size')}'", place=w._place_of(w.data), hint="batch_size: 64")
     assert model is not None
-    return Workload(model.strip(), batch)
+    precision = w.string("precision", default="fp32")
+    if precision not in PRECISIONS:
+        raise w.fail("precision", f"unknown precision {precision!r}", " | ".join(PRECISIONS))
+    return Workload(model.strip(), batch, _rate_hint(w), precision or "fp32", w.number("arithmetic_intensity"))
+
+
+def _rate_hint(w: _Fields) -> tuple[tuple[str, float], ...]:
+    """``samples_per_s_hint: {t4: 900}``: per-GPU samples/s the user expects, by GPU type."""
+    if not w.has("samples_per_s_hint"):
+        return ()
+    raw = w.get("samples_per_s_hint")
+    example = "samples_per_s_hint: {t4: 900, v100: 2100}"
+    if not isinstance(raw, dict) or not raw:
+        raise w.fail("samples_per_s_hint", "must map GPU types to samples/s", example)
+    out = []
+    for gpu, value in raw.items():
+        if not isinstance(gpu, str) or not gpu.strip():
+            raise w.fail("samples_per_s_hint", f"{gpu!r} is not a GPU type name", example)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
+            raise w.fail("samples_per_s_hint", f"{gpu}: {value!r} is not a positive number of samples/s", example)
+        out.append((gpu.strip().lower(), float(value)))
+    return tuple(out)
 
 
 def _command(f: _Fields) -> tuple[tuple[str, ...], str | None, tuple[Any, ...]]:

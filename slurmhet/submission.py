@@ -37,7 +37,8 @@ from slurmhet.startup import StartupCosts, learned_startup
 from slurmhet.store import Database, Job, JobState, SlurmJob, add_event, create_job, get_job, list_jobs
 from slurmhet.store.lock import dispatch_lock
 from slurmhet.sync import adopt_orphans, ask_slurm, sync_jobs
-from slurmhet.throughput import ThroughputTable, load_tables
+from slurmhet.site_table import learned_table, site_table, with_specs
+from slurmhet.throughput import ThroughputTable
 
 #: Seconds between Slurm's USR2 (``--signal=B:USR2@N``) and the time limit; the runtime checkpoints then.
 SIGNAL_LEAD_S = 120
@@ -53,10 +54,6 @@ FORK_ROLES = ("array", "consolidation")
 
 def current_user() -> str:
     return pwd.getpwuid(os.getuid()).pw_name
-
-
-def throughput_table(settings: Settings) -> ThroughputTable:
-    return load_tables([settings.throughput_table] if settings.throughput_table else [])
 
 
 def job_environment(settings: Settings, inventory: Inventory) -> tuple[tuple[str, str], ...]:
@@ -198,6 +195,7 @@ def plan_for(candidates: Sequence[Candidate], inventory: Inventory, table: Throu
     """
     if policy not in POLICIES:
         raise InputError(f"unknown policy {policy!r}", place="--policy", hint="one of " + ", ".join(POLICIES))
+    table = with_specs(table, [c.spec for c in candidates])
     usable = inventory.usable()
     nodes = {n.name for n in usable.nodes}
     waiting = unplaceable(candidates, inventory)
@@ -283,6 +281,7 @@ def dispatches(plan: Plan, ready: dict[int, JobSpec], profile: SiteProfile, sett
     a job it forks is emitted as copies (arrays + a consolidation) for round ``rounds[job]``.
     """
     emit = emit_settings(settings, store_tag, inventory, partitions)
+    table = with_specs(table, ready.values()) if table is not None else None
     forks = job_forker(plan, inventory, table, ready, steps_done=steps_done, rounds=rounds, round_s=fork_round_s(),
                        busy_nodes=busy_nodes) if table is not None else {}
     out: list[Dispatch] = []
@@ -452,7 +451,10 @@ def submit_new(db: Database | None, dispatcher_args: tuple[SlurmClient, SiteProf
     client, profile, settings, runner = dispatcher_args
     for spec, _ in specs:
         check_against_cluster(spec, inventory.usable())
-    table = throughput_table(settings)
+    table = site_table(settings)
+    if db is not None:
+        with db.snapshot() as session:
+            table = learned_table(session, table)
     now = datetime.now(timezone.utc).timestamp()
     owner = current_user()
     shared = read_shared(client, client.queue(), db.instance if db is not None else "", owner, now,
@@ -466,15 +468,8 @@ def submit_new(db: Database | None, dispatcher_args: tuple[SlurmClient, SiteProf
             with db.transaction() as session:
                 existing = [candidate_of(j) for j in list_jobs(session, states=UNPLACED + PLACED)]
                 startup = learned_startup(session)
-        fresh = [Candidate(-(i + 1), spec, now, owner=owner) for i, (spec, _) in enumerate(specs)]
-        plan = plan_for(existing + fresh, inventory, table, settings.default_policy, now, progress, shared,
-                        startup=startup)
-        ready = {c.job_id: c.spec for c in fresh}
-        rendered = {d.job_ids[0]: render_parts(d.parts)
-                    for d in dispatches(plan, ready, profile, settings, inventory, table=table,
-                                        partitions=shared.partitions())}
-        return [Outcome(c.job_id, c.spec.name, "DRY_RUN", [], describe(plan.job(str(c.job_id)).allocation),
-                        plan.job(str(c.job_id)).wait_reason or "", rendered.get(c.job_id, [])) for c in fresh]
+        return dry_run_outcomes(specs, existing, inventory, table, profile, settings, now, owner, progress, shared,
+                                startup)
     assert db is not None
     with db.transaction() as session:
         new_ids = [create_job(session, spec, owner, source).id for spec, source in specs]
@@ -504,6 +499,23 @@ def submit_new(db: Database | None, dispatcher_args: tuple[SlurmClient, SiteProf
                                       shared=shared, queue=queue, startup=startup)
         by_id = {o.job_id: o for o in outcomes} | already
         return [by_id[i] for i in new_ids]
+
+
+def dry_run_outcomes(specs: Sequence[tuple[JobSpec, str]], existing: Sequence[Candidate], inventory: Inventory,
+                     table: ThroughputTable, profile: SiteProfile, settings: Settings, now: float, owner: str,
+                     progress: Progress | None = None, shared: SharedCluster | None = None,
+                     startup: StartupCosts | None = None) -> list[Outcome]:
+    """`submit --dry-run`: plan ``specs`` beside ``existing`` and render what would be submitted; stores and
+    submits nothing (also without Slurm: ``shared`` None plans for ``inventory`` alone)."""
+    fresh = [Candidate(-(i + 1), spec, now, owner=owner) for i, (spec, _) in enumerate(specs)]
+    plan = plan_for([*existing, *fresh], inventory, table, settings.default_policy, now, progress, shared,
+                    startup=startup)
+    ready = {c.job_id: c.spec for c in fresh}
+    rendered = {d.job_ids[0]: render_parts(d.parts)
+                for d in dispatches(plan, ready, profile, settings, inventory, table=table,
+                                    partitions=shared.partitions() if shared else None)}
+    return [Outcome(c.job_id, c.spec.name, "DRY_RUN", [], describe(plan.job(str(c.job_id)).allocation),
+                    plan.job(str(c.job_id)).wait_reason or "", rendered.get(c.job_id, [])) for c in fresh]
 
 
 def _plan_and_dispatch(db: Database, dispatcher_args: tuple[SlurmClient, SiteProfile, Settings, SlurmRunner],

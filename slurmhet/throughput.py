@@ -10,8 +10,10 @@ Three sources feed it, and every entry says which one it came from:
 * profiles and runtime measurements, refined by an exponentially weighted
   moving average (seed 001 section III-C) through :meth:`ThroughputTable.observe`;
 * priors for workloads or GPU types nobody measured: a type ratio borrowed from
-  the closest known workload, or seed 003 eq. (10). Priors are always flagged
-  (``source == "prior"``) and never silently zero.
+  the closest known workload, seed 003 eq. (10), or the built-in GPU catalog
+  (:mod:`slurmhet.gpu_catalog`) applied to a spec's own rate hint or, on the live
+  path, to a default rate. Priors are always flagged (``source == "prior"``) and
+  never silently zero.
 
 Site tables (``etc/throughput/*.yaml`` or ``.csv``) override and extend the
 shipped data. A missing entry raises :class:`~slurmhet.errors.InputError`.
@@ -24,7 +26,7 @@ import io
 import json
 import math
 import re
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -33,6 +35,7 @@ from typing import Any, Iterable, Mapping
 import yaml
 
 from slurmhet.errors import InputError
+from slurmhet.gpu_catalog import GpuCatalog, builtin as builtin_catalog
 
 SOURCES = ("measured", "profile", "ewma", "prior")
 
@@ -46,6 +49,9 @@ KNOWN_MODELS = (
 DEFAULT_GPU_MEMORY_GB: Mapping[str, float] = {
     "k80": 12.0, "p100": 16.0, "t4": 16.0, "v100": 16.0, "a100": 40.0, "h100": 80.0, "h200": 141.0,
 }
+
+#: The default prior's anchor when a table has no measurement at all: a mid-sized CNN's samples/s on one V100.
+DEFAULT_V100_SAMPLES_PER_S = 500.0
 
 _KEY = re.compile(r"^\s*(?P<model>.+?)\s*\(batch size (?P<batch>\d+)\)\s*$")
 
@@ -109,6 +115,15 @@ class ColocationProfile:
 
 
 @dataclass(frozen=True)
+class WorkloadTraits:
+    """What a spec says about how a workload computes, for catalog priors (roofline)."""
+
+    precision: str = "fp32"
+    #: FLOP per byte of memory traffic; None: use the geometric mean of compute and bandwidth ratios.
+    arithmetic_intensity: float | None = None
+
+
+@dataclass(frozen=True)
 class ThroughputTable:
     """Immutable table; :meth:`observe` and :meth:`merged` return new tables."""
 
@@ -118,6 +133,10 @@ class ThroughputTable:
     profiles: Mapping[str, ColocationProfile] = field(default_factory=dict)
     gpu_memory_gb: Mapping[str, float] = field(default_factory=lambda: dict(DEFAULT_GPU_MEMORY_GB))
     ewma_alpha: float = 0.3
+    traits: Mapping[str, WorkloadTraits] = field(default_factory=dict)
+    #: The live path plans every model (a flagged default rate when nothing is known of it); benchmarks and
+    #: traces keep this off so a workload missing from their table is an error, not a guess.
+    default_prior: bool = False
 
     # ------------------------------------------------------------------ lookups
 
@@ -134,15 +153,19 @@ class ThroughputTable:
         if entry is not None:
             return entry
         if allow_prior:
-            prior = self._closest_prior(key, gpu)
+            prior = (self._closest_prior(key, gpu) or self._catalog_prior(key, gpu) or self._same_model_prior(key, gpu)
+                     or self._default_prior(key, gpu))
             if prior is not None:
                 return prior
         known = sorted(t for w, t in self.entries if w == key)
+        uncatalogued = builtin_catalog().lookup(gpu) is None
         raise InputError(
             f"no throughput for workload {key!r} on GPU type {gpu!r}"
-            + (f" (known types: {', '.join(known)})" if known else " and no prior for it"),
+            + (f" (known types: {', '.join(known)})" if known else " and no prior for it")
+            + (f"; {gpu!r} is not in the GPU catalog" if uncatalogued else ""),
             place=f"throughput[{key!r}][{gpu!r}]",
-            hint="add it to a site table (etc/throughput/*.yaml) or profile the job on that GPU type",
+            hint="`slurmhet profile` the job on that GPU type, add it to a site table (etc/throughput/*.yaml)"
+                 ", or give workload.samples_per_s_hint",
         )
 
     def rate(self, workload: str, gpu_type: str) -> float:
@@ -157,7 +180,7 @@ class ThroughputTable:
         """
         mine = {t: e for (w, t), e in self.entries.items() if w == key and not e.is_prior}
         if not mine:
-            return self._same_model_prior(key, gpu)
+            return None
         model, batch = split_key(key)
         scored = []
         for (w, t), e in sorted(self.entries.items()):
@@ -195,6 +218,61 @@ class ThroughputTable:
         _, w, e = min(near, key=lambda x: (x[0], x[1]))
         return ThroughputEntry(e.value, "prior", f"prior: samples/s of {w}")
 
+    def _catalog_prior(self, key: str, gpu: str, catalog: GpuCatalog | None = None) -> ThroughputEntry | None:
+        """This workload's own rate on another type (measured first, else a spec's hint) x the catalog ratio."""
+        catalog = catalog or builtin_catalog()
+        traits = self.traits.get(key, WorkloadTraits())
+        anchors = sorted(((e.is_prior, t, e) for (w, t), e in self.entries.items() if w == key and t != gpu),
+                         key=lambda a: (a[0], a[1]))
+        for _, ref, entry in anchors:
+            ratio = catalog.ratio(gpu, ref, traits.precision, traits.arithmetic_intensity)
+            if ratio is not None:
+                basis = catalog.basis(traits.precision, traits.arithmetic_intensity)
+                return ThroughputEntry(entry.value * ratio, "prior",
+                                       f"prior: catalog {gpu}/{ref} = {ratio:.3g} ({basis}) x {entry.provenance or entry.source}")
+        return None
+
+    def _default_prior(self, key: str, gpu: str) -> ThroughputEntry | None:
+        """A workload nobody measured or hinted: the geometric mean of the measured workloads on this type
+        (or, where none ran on it, on another type x the catalog ratio). Only when ``default_prior`` is on."""
+        if not self.default_prior:
+            return None
+        catalog = builtin_catalog()
+        traits = self.traits.get(key, WorkloadTraits())
+        typical = self._typical_rates
+        if gpu in typical:
+            value, count = typical[gpu]
+            return ThroughputEntry(value, "prior", f"prior: default, geometric mean of {count} measured workloads on {gpu}")
+        for ref, (value, count) in sorted(typical.items(), key=lambda kv: (-kv[1][1], kv[0])):
+            ratio = catalog.ratio(gpu, ref, traits.precision, traits.arithmetic_intensity)
+            if ratio is not None:
+                return ThroughputEntry(value * ratio, "prior", f"prior: default, geometric mean of {count} measured "
+                                       f"workloads on {ref} x catalog {gpu}/{ref} = {ratio:.3g}")
+        ratio = catalog.ratio(gpu, "v100", traits.precision, traits.arithmetic_intensity)
+        if ratio is None:
+            return None
+        return ThroughputEntry(DEFAULT_V100_SAMPLES_PER_S * ratio, "prior",
+                               f"prior: default {DEFAULT_V100_SAMPLES_PER_S:g} samples/s on v100 x catalog {ratio:.3g}")
+
+    @cached_property
+    def _typical_rates(self) -> dict[str, tuple[float, int]]:
+        """Per GPU type: geometric mean samples/s over measured workloads and how many (computed once per table)."""
+        logs: dict[str, list[float]] = {}
+        for (_, t), e in self.entries.items():
+            if not e.is_prior:
+                logs.setdefault(t, []).append(math.log(e.value))
+        return {t: (math.exp(sum(v) / len(v)), len(v)) for t, v in logs.items()}
+
+    def with_hints(self, hints: Iterable[tuple[str, Mapping[str, float], WorkloadTraits, str]]) -> "ThroughputTable":
+        """Fold specs' ``samples_per_s_hint`` (flagged priors) and traits in; a table's own cells win."""
+        entries, traits = dict(self.entries), dict(self.traits)
+        for workload, rates, trait, origin in hints:
+            key = canonical_key(workload)
+            traits.setdefault(key, trait)
+            for gpu, value in rates.items():
+                entries.setdefault((key, gpu.lower()), ThroughputEntry(float(value), "prior", f"hint in {origin}"))
+        return replace(self, entries=entries, traits=traits)
+
     def colocated(self, workload: str, partner: str, gpu_type: str) -> tuple[float, float] | None:
         """Measured (own, partner) samples/s when the two share one GPU, if known and feasible."""
         pair = self.colocated_pairs.get((canonical_key(workload), canonical_key(partner), gpu_type.lower()))
@@ -230,6 +308,8 @@ class ThroughputTable:
             {**self.profiles, **other.profiles},
             {**self.gpu_memory_gb, **other.gpu_memory_gb},
             other.ewma_alpha,
+            {**self.traits, **other.traits},
+            self.default_prior or other.default_prior,
         )
 
     def scaled(self, factors: Mapping[tuple[str, str], float]) -> "ThroughputTable":

@@ -122,7 +122,8 @@ class Event(Base):
 
 
 class ThroughputObservation(Base):
-    """The EWMA-refined throughput of one (workload, GPU type), learned from runtime progress (seed 001 III-C)."""
+    """The measured throughput of one (workload, GPU type): ``slurmhet profile``'s short runs ("profile"),
+    then refined by EWMA over runtime progress ("ewma", seed 001 III-C)."""
 
     __tablename__ = "throughput_observations"
 
@@ -130,6 +131,7 @@ class ThroughputObservation(Base):
     gpu_type: Mapped[str] = mapped_column(String(32), primary_key=True)
     samples_per_s: Mapped[float] = mapped_column(Float)
     samples: Mapped[int] = mapped_column(Integer, default=0)
+    source: Mapped[str] = mapped_column(String(16), default="ewma", server_default="ewma")
     updated_at: Mapped[datetime] = mapped_column(UtcDateTime(), default=utcnow, onupdate=utcnow)
 
 

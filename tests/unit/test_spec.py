@@ -16,7 +16,8 @@ GOOD = """\
 jobs:
   - name: resnet
     command: python train.py --lr '0.1 x'
-    workload: {model: ResNet-18, batch_size: 64}
+    workload: {model: ResNet-18, batch_size: 64, samples_per_s_hint: {T4: 900}, precision: mixed,
+               arithmetic_intensity: 40}
     work: {epochs: 2, dataset_size: 50000}
     gpus: {min: 1, max: 4, types: [V100, t4]}
     sbatch: ['--account=ml', '--exclusive']
@@ -38,6 +39,8 @@ def test_good_file_parses_to_typed_specs() -> None:
     assert a.command == ("python", "train.py", "--lr", "0.1 x")
     assert a.gpus.types == ("v100", "t4") and (a.gpus.min, a.gpus.max) == (1, 4)
     assert a.total_samples == 100000 and a.time_limit_min == 90
+    assert a.workload.samples_per_s_hint == (("t4", 900.0),) and a.workload.precision == "mixed"
+    assert a.workload.arithmetic_intensity == 40.0 and b.workload.precision == "fp32"
     assert a.sbatch == (("account", "ml"), ("exclusive", None))
     assert b.workload.key == "LM (batch size 20)" and b.total_samples == 80000
     assert b.forkable and b.colocate and b.env == (("OMP_NUM_THREADS", "4"),)
@@ -73,6 +76,12 @@ BASE = "name: a\ncommand: x\nworkload: {model: m, batch_size: 2}\nwork: {steps: 
         (BASE.replace("work: {steps: 3}", "work: {epochs: 2}"), "f.yaml:4:", "needs steps, or epochs"),
         ("name: a\nworkload: {model: m, batch_size: 2}\nwork: {steps: 3}\n", "f.yaml:1:1", "exactly one of"),
         (BASE + "time_limit: soon\n", "f.yaml:5:", "time_limit"),
+        (BASE.replace("batch_size: 2}", "batch_size: 2, samples_per_s_hint: {t4: 0}}"), "f.yaml:3:",
+         "not a positive number of samples/s"),
+        (BASE.replace("batch_size: 2}", "batch_size: 2, samples_per_s_hint: [900]}"), "f.yaml:3:",
+         "must map GPU types to samples/s"),
+        (BASE.replace("batch_size: 2}", "batch_size: 2, precision: fp8}"), "f.yaml:3:", "unknown precision"),
+        (BASE.replace("batch_size: 2}", "batch_size: 2, arithmetic_intensity: -3}"), "f.yaml:3:", "must be > 0"),
         ("jobs: []\n", "f.yaml:1:", "non-empty list"),
         ("jobs:\n  - " + BASE.replace("\n", "\n    ").rstrip() + "\n  - " + BASE.replace("\n", "\n    ").rstrip() + "\n",
          "f.yaml:", "used twice"),
