@@ -18,9 +18,10 @@ from rich.console import Console
 from rich.table import Table
 
 from slurmhet import spec as specmod
-from slurmhet.cluster import Inventory, OpenWorld
+from slurmhet.cluster import Inventory, OpenWorld, cluster_option, inventory_yaml, load_inventory_yaml
 from slurmhet.config import Settings, load_settings
 from slurmhet.errors import InputError, SlurmhetError, SystemFailure
+from slurmhet.runtime.progress import atomic_write_text
 from slurmhet.slurm import pyslurm_client
 from slurmhet.slurm.client import SlurmCli, SlurmClient
 from slurmhet.slurm.parsers import SlurmOutputError
@@ -66,7 +67,52 @@ class Context:
         return load_profile(self.client, self.settings.state_dir / "site-profile.json", self.settings.slurm)
 
     def inventory(self) -> Inventory:
-        return Inventory(tuple(self.client.nodes()))
+        """The live inventory; each read also refreshes the cache that planning without Slurm falls back on."""
+        inventory = Inventory(tuple(self.client.nodes()))
+        path, text = self.inventory_cache, inventory_yaml(inventory)
+        try:
+            if not path.is_file() or path.read_text() != text:
+                atomic_write_text(path, text)
+        except OSError as exc:  # only a cache: the command itself must not fail for it
+            err_console.print(f"slurmhet: warning: cannot cache the inventory in {path}: {exc}", markup=False)
+        return inventory
+
+    @property
+    def inventory_cache(self) -> Path:
+        return self.settings.state_dir / "inventory.yaml"
+
+    def planning_cluster(self, cluster_spec: str | None, gpus_per_node: int) -> "PlanningCluster":
+        """Where `plan` and `submit --dry-run` plan: ``--cluster``, else live Slurm, else the cached inventory."""
+        from slurmhet.slurm.profile import cached_profile
+
+        if cluster_spec:
+            profile, _ = cached_profile(self.settings.state_dir / "site-profile.json", self.settings.slurm)
+            return PlanningCluster(cluster_option(cluster_spec, gpus_per_node), profile, "--cluster",
+                                   f"planned for --cluster {cluster_spec}; Slurm was not asked")
+        try:
+            return PlanningCluster(self.inventory(), None, "slurm", "")
+        except (SlurmCommandError, SlurmOutputError) as exc:
+            cache = self.inventory_cache
+            if not cache.is_file():
+                why = exc.message if isinstance(exc, SlurmCommandError) else str(exc)
+                raise InputError(f"Slurm cannot be reached ({why}) and no inventory is cached "
+                                 f"in {self.settings.state_dir}", place="--cluster",
+                                 hint="plan for a cluster shape: --cluster v100:4,t4:8 (or a cluster YAML)") from exc
+            profile, _ = cached_profile(self.settings.state_dir / "site-profile.json", self.settings.slurm)
+            stamp = datetime.fromtimestamp(cache.stat().st_mtime, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+            return PlanningCluster(load_inventory_yaml(cache), profile, "cache",
+                                   f"Slurm cannot be reached: planned on the inventory cached {stamp} ({cache})")
+
+    def planning_table(self, live: bool) -> "ThroughputTable":
+        """The site table with the store's measurements; offline, only a store that exists already is read."""
+        from slurmhet.site_table import learned_table, site_table
+
+        table = site_table(self.settings)
+        url = self.settings.database_url
+        if not live and url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
+            return table
+        with self.db.snapshot() as session:
+            return learned_table(session, table)
 
     def is_admin(self) -> bool:
         """Root, or a member of the configured admin group, may see and cancel every user's jobs."""
@@ -82,6 +128,16 @@ class Context:
         from slurmhet.submission import current_user
 
         return entry.gr_gid in os.getgroups() or current_user() in entry.gr_mem
+
+
+@dataclass(frozen=True)
+class PlanningCluster:
+    """The cluster a plan is made for; ``profile`` is None when Slurm answered (probe it live)."""
+
+    inventory: Inventory
+    profile: SiteProfile | None
+    source: str  # "slurm" | "--cluster" | "cache"
+    note: str
 
 
 class SlurmhetGroup(click.Group):
@@ -106,6 +162,9 @@ class SlurmhetGroup(click.Group):
 def main(ctx: click.Context) -> None:
     """Heterogeneity-aware batch layer for Slurm."""
     ctx.obj = Context()
+
+
+CLUSTER_HELP = "plan for this cluster shape without Slurm: v100:4,t4:8 or a cluster YAML (as `simulate`)"
 
 
 def _emit_json(data: Any) -> None:
@@ -181,16 +240,34 @@ def cluster(obj: Context, as_json: bool) -> None:
 @main.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--dry-run", is_flag=True, help="print the plan, each script and sbatch argv; store and submit nothing")
+@click.option("--cluster", "cluster_spec", default=None, help="with --dry-run: " + CLUSTER_HELP)
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=4, show_default=True,
+              help="GPUs per node for a --cluster TYPE:COUNT list")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
-def submit(obj: Context, files: tuple[str, ...], dry_run: bool, as_json: bool) -> None:
+def submit(obj: Context, files: tuple[str, ...], dry_run: bool, cluster_spec: str | None, gpus_per_node: int,
+           as_json: bool) -> None:
     """Validate and store the jobs in FILES, plan them with the pending ones, submit what starts now."""
-    from slurmhet.submission import submit_new
+    from slurmhet.submission import current_user, dry_run_outcomes, submit_new
 
+    if cluster_spec and not dry_run:
+        raise InputError("--cluster plans for a shape that is not this Slurm: it goes with --dry-run only",
+                         place="--cluster", hint="add --dry-run, or drop --cluster to submit to the live cluster")
     specs = _load_specs(files)
-    inventory = obj.inventory()
-    outcomes = submit_new(None if dry_run else obj.db, (obj.client, obj.profile, obj.settings, obj.runner),
-                          specs, inventory, dry_run)
+    where = obj.planning_cluster(cluster_spec, gpus_per_node) if dry_run else None
+    if where is not None and where.profile is not None:
+        import time
+
+        if not as_json:
+            err_console.print(f"slurmhet: note: {where.note}", markup=False, highlight=False, soft_wrap=True)
+        for spec, _ in specs:
+            specmod.check_against_cluster(spec, where.inventory.usable())
+        outcomes = dry_run_outcomes(specs, [], where.inventory, obj.planning_table(live=False), where.profile,
+                                    obj.settings, time.time(), current_user())
+    else:
+        inventory = where.inventory if where is not None else obj.inventory()
+        outcomes = submit_new(None if dry_run else obj.db, (obj.client, obj.profile, obj.settings, obj.runner),
+                              specs, inventory, dry_run)
     if as_json:
         _emit_json({"jobs": [o.to_json() for o in outcomes]})
     else:
@@ -280,6 +357,7 @@ class _WaitContext:
     #: GPUs per type held by this store's running jobs.
     ours: dict[str, int]
     now: float
+    db: Database
 
     @classmethod
     def of(cls, obj: Context, world: SlurmWorld, user: str) -> "_WaitContext":
@@ -289,14 +367,15 @@ class _WaitContext:
         now = datetime.now(timezone.utc).timestamp()
         access = access_of(world, user, user_groups(user))
         return cls(world, access, open_world(world, obj.db.instance, access, now), obj.settings,
-                   by_type(gpus_held(world, obj.db.instance)["slurmhet"]), now)
+                   by_type(gpus_held(world, obj.db.instance)["slurmhet"]), now, obj.db)
 
     @cached_property
     def table(self) -> ThroughputTable:
         """Read only when some job waits (a status of running jobs needs no table)."""
-        from slurmhet.submission import throughput_table
+        from slurmhet.site_table import learned_table, site_table
 
-        return throughput_table(self.settings)
+        with self.db.snapshot() as session:
+            return learned_table(session, site_table(self.settings))
 
 
 def _waiting_view(job: Any, context: _WaitContext) -> dict[str, Any]:
@@ -580,7 +659,7 @@ def simulate(trace_path: str | None, generate_n: int | None, arrivals: str, clus
     preemption (its simulator charges none), so its figures and ours compare.
     """
     from slurmhet import sim
-    from slurmhet.cluster import load_inventory_yaml, parse_cluster_spec
+    from slurmhet.cluster import cluster_option
 
     if (trace_path is None) == (generate_n is None):
         raise InputError("give exactly one of --trace and --generate", place="--trace/--generate",
@@ -594,8 +673,7 @@ def simulate(trace_path: str | None, generate_n: int | None, arrivals: str, clus
         gpus_per_node = sim.GAVEL_SERVER_GPUS if gavel_setup else 4
     if restart_s is None:
         restart_s = 0.0 if gavel_setup else 10.0
-    inventory = (load_inventory_yaml(Path(cluster_spec)) if cluster_spec.lower().endswith((".yaml", ".yml"))
-                 else parse_cluster_spec(cluster_spec, gpus_per_node))
+    inventory = cluster_option(cluster_spec, gpus_per_node)
     policies = [p.strip() for p in policy_list.split(",") if p.strip()]
     with _progress_bar("policies") as bar:
         task = bar.add_task("simulating", total=len(policies))
@@ -672,20 +750,39 @@ def bench_emit(as_json: bool, jobs: int) -> None:
 @main.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--policy", default=None, help="planner key (default: the configured default, 'slurmhet')")
+@click.option("--cluster", "cluster_spec", default=None, help=CLUSTER_HELP)
+@click.option("--gpus-per-node", type=click.IntRange(min=1), default=4, show_default=True,
+              help="GPUs per node for a --cluster TYPE:COUNT list")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
-def plan(obj: Context, files: tuple[str, ...], policy: str | None, as_json: bool) -> None:
-    """Plan the jobs in FILES on the live cluster and print the plan; submits nothing."""
+def plan(obj: Context, files: tuple[str, ...], policy: str | None, cluster_spec: str | None, gpus_per_node: int,
+         as_json: bool) -> None:
+    """Plan the jobs in FILES and print the plan; submits nothing.
+
+    On the live cluster (with other users' jobs, partitions and limits) when Slurm answers; for a
+    given shape with --cluster; on the cached inventory, said so, when Slurm cannot be reached.
+    """
     import time
 
     from slurmhet.planner.render import HEADER, plan_dict, plan_rows
-    from slurmhet.submission import Candidate, plan_for, throughput_table
+    from slurmhet.shared_cluster import check_access, read_shared
+    from slurmhet.submission import Candidate, current_user, plan_for
 
     specs = _load_specs(files)
-    inventory = obj.inventory()
+    where = obj.planning_cluster(cluster_spec, gpus_per_node)
+    inventory = where.inventory
     for spec, _ in specs:
         specmod.check_against_cluster(spec, inventory.usable())
     now = time.time()
+    shared = None
+    if where.source == "slurm":
+        shared = read_shared(obj.client, obj.client.queue(), obj.db.instance, current_user(), now,
+                             [spec for spec, _ in specs])
+        for spec, _ in specs:
+            check_access(spec, shared)
+    elif not as_json:
+        err_console.print(f"slurmhet: note: {where.note}", markup=False, highlight=False, soft_wrap=True)
+    table = obj.planning_table(live=where.source == "slurm")
     candidates = [Candidate(i + 1, spec, now) for i, (spec, _) in enumerate(specs)]
     with _progress_bar("planning") as bar:
         task = bar.add_task("planning", total=None)
@@ -693,21 +790,30 @@ def plan(obj: Context, files: tuple[str, ...], policy: str | None, as_json: bool
         def progress(done: int, total: int, label: str) -> None:
             bar.update(task, completed=done, total=total, description=label)
 
-        result = plan_for(candidates, inventory, throughput_table(obj.settings), policy or obj.settings.default_policy,
-                          now, progress=progress)
+        result = plan_for(candidates, inventory, table, policy or obj.settings.default_policy, now,
+                          progress=progress, shared=shared)
     names = {str(c.job_id): c.spec.name for c in candidates}
     if as_json:
-        data = plan_dict(result)
-        for job in data["jobs"]:
-            job["job"] = names[job["job"]]
+        from slurmhet.site_table import with_specs
+
+        known = with_specs(table, [c.spec for c in candidates])
+        data = {"cluster": {"source": where.source, "note": where.note,
+                            "gpus_by_type": inventory.usable().gpus_by_type()}, **plan_dict(result)}
+        for job, c in zip(sorted(data["jobs"], key=lambda j: int(j["job"])), candidates):
+            job["job"] = c.spec.name
+            job["throughput"] = {}
+            for gpu_type in c.spec.gpus.types or inventory.gpu_types:
+                entry = known.get(c.spec.workload.key, gpu_type)
+                job["throughput"][gpu_type] = {"samples_per_s": entry.value, "source": entry.source,
+                                               "provenance": entry.provenance}
         _emit_json(data)
         return
-    table = Table(title=f"slurmhet plan ({result.policy}): avg JCT {result.avg_jct:.0f} s")
+    table_out = Table(title=f"slurmhet plan ({result.policy}): avg JCT {result.avg_jct:.0f} s")
     for column in HEADER:
-        table.add_column(column)
+        table_out.add_column(column)
     for row in plan_rows(result):
-        table.add_row(names[row[0]], *row[1:])
-    console.print(table)
+        table_out.add_row(names[row[0]], *row[1:])
+    console.print(table_out)
 
 
 @bench.command("realcluster")

@@ -213,12 +213,19 @@ def load_inventory_yaml(path: Path) -> Inventory:
             isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0 for k, v in gpus.items()
         ):
             raise InputError("'gpus' must map GPU type to a count >= 0", place=f"{place}.gpus", hint="gpus: {v100: 4}")
+        sizes = {}
+        for key in ("cpus", "memory_mb"):
+            value = entry.get(key, 0)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InputError(f"'{key}' must be a whole number >= 0", place=f"{place}.{key}", hint=f"{key}: 64")
+            sizes[key] = value
         nodes.append(
             Node(
                 entry["name"],
                 {k.lower(): v for k, v in gpus.items()},
                 tuple(entry.get("features", ()) or ()),
                 gpu_memory_gb={k.lower(): float(v) for k, v in (entry.get("gpu_memory_gb") or {}).items()},
+                **sizes,
             )
         )
     links = data.get("links", {}) or {}
@@ -227,3 +234,19 @@ def load_inventory_yaml(path: Path) -> Inventory:
         float(links.get("intra_node_gbps", DEFAULT_INTRA_NODE_GBPS)),
         float(links.get("inter_node_gbps", DEFAULT_INTER_NODE_GBPS)),
     )
+
+
+def inventory_yaml(inventory: Inventory) -> str:
+    """The cluster YAML :func:`load_inventory_yaml` reads (the cached inventory for planning without Slurm)."""
+    nodes = [{"name": n.name, "gpus": dict(n.gpus), "features": list(n.features), "cpus": n.cpus,
+              "memory_mb": n.memory_mb, **({"gpu_memory_gb": dict(n.gpu_memory_gb)} if n.gpu_memory_gb else {})}
+             for n in inventory.usable().nodes]
+    return yaml.safe_dump({"nodes": nodes, "links": {"intra_node_gbps": inventory.intra_node_gbps,
+                                                     "inter_node_gbps": inventory.inter_node_gbps}}, sort_keys=False)
+
+
+def cluster_option(text: str, gpus_per_node: int) -> Inventory:
+    """``--cluster``: ``v100:4,t4:8`` or a cluster YAML file."""
+    if text.lower().endswith((".yaml", ".yml")):
+        return load_inventory_yaml(Path(text))
+    return parse_cluster_spec(text, gpus_per_node)

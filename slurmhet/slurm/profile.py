@@ -86,6 +86,21 @@ def apply_overrides(profile: SiteProfile, overrides: SlurmOverrides) -> SiteProf
     return replace(profile, **{k: v for k, v in changes.items() if v is not None})
 
 
+#: What slurmhet renders for when it has never seen the site (planning offline, no cache): a cons_tres
+#: Slurm with no SPANK plugin, MPS or shards, and Slurm's default MaxArraySize.
+GENERIC = SiteProfile(slurm_version="0", accounting=False, max_array_size=1001, max_submit_jobs=_UNLIMITED_SUBMIT,
+                      gpu_request_style="gpus-per-node", spank_plugin=False, has_mps=False, has_shard=False)
+
+
+def cached_profile(cache: Path, overrides: SlurmOverrides) -> tuple[SiteProfile, bool]:
+    """For planning without Slurm: the last probed profile whatever slurm.conf says now, else :data:`GENERIC`;
+    and whether it was the cache."""
+    try:
+        return apply_overrides(SiteProfile(**json.loads(cache.read_text())), overrides), True
+    except (OSError, ValueError, TypeError):
+        return apply_overrides(GENERIC, overrides), False
+
+
 def load_profile(client: SlurmClient, cache: Path, overrides: SlurmOverrides, refresh: bool = False) -> SiteProfile:
     """The cached profile when slurm.conf is unchanged, else a fresh probe (then cached)."""
     if not refresh and cache.is_file():
