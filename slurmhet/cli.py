@@ -243,17 +243,27 @@ def cluster(obj: Context, as_json: bool) -> None:
 @click.option("--cluster", "cluster_spec", default=None, help="with --dry-run: " + CLUSTER_HELP)
 @click.option("--gpus-per-node", type=click.IntRange(min=1), default=4, show_default=True,
               help="GPUs per node for a --cluster TYPE:COUNT list")
+@click.option("--profile-first", is_flag=True,
+              help="first profile each job on its allowed types nobody measured yet (`slurmhet profile`)")
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_obj
 def submit(obj: Context, files: tuple[str, ...], dry_run: bool, cluster_spec: str | None, gpus_per_node: int,
-           as_json: bool) -> None:
+           profile_first: bool, as_json: bool) -> None:
     """Validate and store the jobs in FILES, plan them with the pending ones, submit what starts now."""
     from slurmhet.submission import current_user, dry_run_outcomes, submit_new
 
     if cluster_spec and not dry_run:
         raise InputError("--cluster plans for a shape that is not this Slurm: it goes with --dry-run only",
                          place="--cluster", hint="add --dry-run, or drop --cluster to submit to the live cluster")
+    if profile_first and dry_run:
+        raise InputError("--profile-first runs jobs on the cluster; --dry-run runs nothing", place="--profile-first",
+                         hint="`slurmhet profile FILES` first, then `submit --dry-run`")
     specs = _load_specs(files)
+    if profile_first:
+        for row in _run_profiles(obj, specs, (), 100, 10, skip_measured=True, quiet=as_json):
+            if not as_json:
+                rate = f"{row.samples_per_s:.1f} samples/s" if row.samples_per_s else f"nothing measured ({row.state})"
+                err_console.print(f"slurmhet: profiled {row.job} on {row.gpu_type}: {rate}", markup=False)
     where = obj.planning_cluster(cluster_spec, gpus_per_node) if dry_run else None
     if where is not None and where.profile is not None:
         import time
@@ -284,6 +294,89 @@ def submit(obj: Context, files: tuple[str, ...], dry_run: bool, cluster_spec: st
         err_console.print("slurmhet: failure: Slurm refused some jobs; they stay stored as SUBMIT_FAILED "
                           "and `slurmhet replan` retries them", markup=False)
         sys.exit(1)
+
+
+@main.command()
+@click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.option("--types", "types_text", default="", help="comma-separated GPU types [default: each job's allowed types]")
+@click.option("--steps", type=click.IntRange(min=1), default=100, show_default=True,
+              help="steps each run measures before it is stopped")
+@click.option("--max-minutes", type=click.IntRange(min=1), default=10, show_default=True,
+              help="time limit of each profiling run")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def profile(obj: Context, files: tuple[str, ...], types_text: str, steps: int, max_minutes: int,
+            as_json: bool) -> None:
+    """Run each job in FILES briefly on each GPU type, store the measured samples/s, print the table.
+
+    Every later plan of these workloads uses the measurements (no table file needed); runtime
+    progress keeps refining them.
+    """
+    specs = _load_specs(files)
+    only = tuple(t.strip().lower() for t in types_text.split(",") if t.strip())
+    result = _run_profiles(obj, specs, only, steps, max_minutes, skip_measured=False, quiet=as_json)
+    if as_json:
+        _emit_json({"profiles": [r.to_json() for r in result]})
+    else:
+        _print_profiles(result)
+    if any(r.samples_per_s is None for r in result):
+        err_console.print("slurmhet: failure: some runs measured nothing (see their state; `slurmhet status`)",
+                          markup=False)
+        sys.exit(1)
+
+
+def _run_profiles(obj: Context, specs: Sequence[tuple[specmod.JobSpec, str]], only: tuple[str, ...], steps: int,
+                  minutes: int, skip_measured: bool, quiet: bool) -> list[Any]:
+    """Submit the profiling runs, drive them with replan passes until they end, store what they measured."""
+    from slurmhet import profiling
+    from slurmhet.replan import Replanner
+    from slurmhet.runtime.progress import read_progress
+    from slurmhet.submission import current_user, submit_new
+
+    inventory = obj.inventory()
+    skip = profiling.unmeasured(obj.planning_table(live=True)) if skip_measured else (lambda spec, gpu: False)
+    runs = profiling.profile_runs([s for s, _ in specs], inventory.usable().gpu_types, only, steps, minutes, skip)
+    if not runs:
+        return []
+    sources = {s.name: src for s, src in specs}
+    outcomes = submit_new(obj.db, (obj.client, obj.profile, obj.settings, obj.runner),
+                          [(r.spec, f"profile:{sources[r.job]}") for r in runs], inventory, False)
+    by_id = {str(o.job_id): run for o, run in zip(outcomes, runs)}
+    replanner = Replanner(obj.db, obj.client, obj.profile, obj.settings, obj.runner, current_user())
+    states: dict[str, str] = {}
+    slurm_ids: dict[str, tuple[str, ...]] = {}
+
+    def refresh() -> None:
+        replanner.run()
+        with obj.db.snapshot() as session:
+            for job_id in by_id:
+                job = get_job(session, int(job_id))
+                if job is not None:
+                    states[job_id] = job.state.value
+                    slurm_ids[job_id] = tuple(sorted({p.slurm_job_id for p in job.slurm_jobs}))
+        if not quiet:
+            err_console.print("slurmhet profile: " + ", ".join(f"{r.job}@{r.gpu_type} {states.get(i, '?')}"
+                                                               for i, r in by_id.items()), markup=False)
+
+    finished = profiling.wait_until(lambda: all(JobState(states.get(i, "PENDING")).final for i in by_id), refresh,
+                                    deadline_s=60.0 * (2 * minutes + 5))
+    if not finished and not quiet:
+        err_console.print("slurmhet profile: some runs are still queued; `slurmhet replan` folds their rates in "
+                          "when they run", markup=False)
+    rates = profiling.measured(read_progress(obj.settings.progress_dir), by_id)
+    with obj.db.transaction() as session:
+        profiling.store_profiles(session, rates, by_id)
+    return profiling.rows(by_id, rates, states, slurm_ids)
+
+
+def _print_profiles(result: Sequence[Any]) -> None:
+    table = Table(title="slurmhet profile (samples/s per GPU)")
+    for column in ("job", "workload", "gpu type", "samples/s", "vs fastest", "state", "slurmhet id", "Slurm"):
+        table.add_column(column)
+    for r in result:
+        table.add_row(r.job, r.workload, r.gpu_type, f"{r.samples_per_s:.1f}" if r.samples_per_s else "-",
+                      f"{r.ratio:.2f}" if r.ratio else "-", r.state, str(r.stored_job_id), " ".join(r.slurm_job_ids))
+    console.print(table)
 
 
 def _shell_join(argv: Sequence[str]) -> list[str]:
@@ -327,6 +420,7 @@ def status(obj: Context, as_json: bool, all_users: bool) -> None:
             "slurm": [{"id": p.slurm_job_id, "role": p.role, "het_offset": p.het_offset, "array_task": p.array_task,
                        "gpu_type": p.gpu_type, "gpus": p.gpu_count, "state": p.state, "nodes": p.nodes,
                        "reason": p.reason} for p in j.slurm_jobs],
+            "throughput_priors": list((j.plan or {}).get("priors") or ()),
             **_waiting_view(j, context),
         } for j in jobs]
     if as_json:
@@ -338,6 +432,8 @@ def status(obj: Context, as_json: bool, all_users: bool) -> None:
     for row in rows:
         parts = [p for p in row["slurm"] if p["role"] != "superseded"]
         why = "; ".join(x for x in (row["reason"], row["slurm_reason"] and f"Slurm: {row['slurm_reason']}",
+                                    row["throughput_priors"] and ("speed is a prior on "
+                                                                  + ", ".join(row["throughput_priors"])),
                                     row["slurm_expected_start"] and f"Slurm expects start {row['slurm_expected_start']}",
                                     row["planned_start"] and f"plan: start {row['planned_start']}", row["why"]) if x)
         table.add_row(str(row["id"]), row["name"], row["owner"], row["state"],
@@ -381,6 +477,7 @@ class _WaitContext:
 def _waiting_view(job: Any, context: _WaitContext) -> dict[str, Any]:
     """Slurm's pending reason and expected start, the plan's start, and why a waiting job waits."""
     from slurmhet.explain import why_waiting
+    from slurmhet.site_table import with_specs
     from slurmhet.submission import stored_allocation
 
     world = context.world
@@ -405,9 +502,10 @@ def _waiting_view(job: Any, context: _WaitContext) -> dict[str, Any]:
     planned_types = sorted((job.plan or {}).get("waits_on") or ())
     waits_on = sorted(alloc.by_type()) if alloc else planned_types or allowed
     rates = {}
+    table = with_specs(context.table, [spec])
     for gpu_type in allowed:
         try:
-            rates[gpu_type] = context.table.rate(spec.workload.key, gpu_type)
+            rates[gpu_type] = table.rate(spec.workload.key, gpu_type)
         except InputError:
             continue
     out["why"] = why_waiting(spec.gpus.min, waits_on, allowed, rates, inventory, context.facts, context.ours,

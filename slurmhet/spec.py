@@ -106,6 +106,8 @@ class JobSpec:
     time_limit_min: int | None = None
     sbatch: tuple[tuple[str, str | None], ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+    #: A profiling run (what `slurmhet profile` submits): the launcher stops the command after this many steps.
+    profile_steps: int | None = None
     #: Where each field came from, "file:line:col"; for errors found later (cluster checks).
     places: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -157,6 +159,7 @@ class JobSpec:
             "gpu_memory_gb": self.gpu_memory_gb,
             "checkpoint_dir": self.checkpoint_dir,
             "time_limit": self.time_limit_min,
+            "profile_steps": self.profile_steps,
         }
         out.update({k: v for k, v in optional.items() if v is not None})
         if self.sbatch:
@@ -304,6 +307,7 @@ class _Fields:
 JOB_FIELDS = (
     "name", "command", "entrypoint", "args", "workload", "work", "global_batch", "model_size_mb", "sync",
     "gpus", "weight", "priority", "colocate", "gpu_memory_gb", "checkpoint_dir", "time_limit", "sbatch", "env",
+    "profile_steps",
 )
 
 
@@ -535,6 +539,7 @@ def parse_job(data: Any, source: str, where: str = "") -> JobSpec:
         time_limit_min=_time_limit(f),
         sbatch=_sbatch(f),
         env=_env(f),
+        profile_steps=f.integer("profile_steps"),
         places=places,
     )
 

@@ -64,6 +64,8 @@ def job_environment(settings: Settings, inventory: Inventory) -> tuple[tuple[str
         env.append(("SLURMHET_NODE_ADDRS", addrs))
     if os.environ.get("SLURMHET_EMULATE_THROUGHPUT") == "1":
         env.append(("SLURMHET_EMULATE_THROUGHPUT", "1"))
+        if os.environ.get("SLURMHET_EMULATION_TABLE"):
+            env.append(("SLURMHET_EMULATION_TABLE", os.environ["SLURMHET_EMULATION_TABLE"]))
     return tuple(env)
 
 

@@ -88,9 +88,12 @@ def _common(job_id: int, spec: JobSpec, settings: EmitSettings, gpu_type: str | 
 
 
 def _spec_env(spec: JobSpec, settings: EmitSettings) -> tuple[tuple[str, str], ...]:
-    """The plan's facts the runtime needs: checkpoint dir, nominal workers (relaxed scale-fixed sync),
-    and the time limit (Slurm 22.05 sets no SLURM_JOB_END_TIME; it tells a timeout from a preemption)."""
-    env = [("SLURMHET_NOMINAL_WORKERS", str(max(1, spec.global_batch // spec.workload.batch_size)))]
+    """The plan's facts the runtime needs: checkpoint dir, nominal workers (relaxed scale-fixed sync), the
+    workload the table keys its rates by, a profiling run's step count, and the time limit (Slurm 22.05 sets no SLURM_JOB_END_TIME; it tells a timeout from a preemption)."""
+    env = [("SLURMHET_NOMINAL_WORKERS", str(max(1, spec.global_batch // spec.workload.batch_size))),
+           ("SLURMHET_WORKLOAD", spec.workload.key)]
+    if spec.profile_steps:
+        env.append(("SLURMHET_PROFILE_STEPS", str(spec.profile_steps)))
     if spec.checkpoint_dir:
         env.append(("SLURMHET_CHECKPOINT_DIR", spec.checkpoint_dir))
     if spec.time_limit_min:

@@ -218,7 +218,13 @@ def classify_stop(signum: int | None, env: Mapping[str, str], now: float) -> str
 
 
 def should_requeue(reason: str, env: Mapping[str, str]) -> bool:
-    """Preemption is never the job's fault: requeue. A timeout requeues a bounded number of times."""
+    """Preemption is never the job's fault: requeue. A timeout requeues a bounded number of times.
+
+    A profiling run (``SLURMHET_PROFILE_STEPS``) never requeues: its launcher stops it with SIGTERM once it
+    has measured, and a run stopped early has measured what it could.
+    """
+    if env.get("SLURMHET_PROFILE_STEPS"):
+        return False
     if reason == "preempted":
         return True
     restarts = int(env.get("SLURM_RESTART_COUNT", "0") or 0)

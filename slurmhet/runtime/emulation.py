@@ -77,7 +77,9 @@ def node_gpu_type(env: Mapping[str, str]) -> str | None:
 
 
 def emulated_samples_per_s(env: Mapping[str, str], model: str, gpu_type: str | None) -> float:
-    """Target rate: ``SLURMHET_EMULATED_SAMPLES_PER_S`` if set, else the throughput table's value.
+    """Target rate: ``SLURMHET_EMULATED_SAMPLES_PER_S`` if set, else the throughput table's value for the job's
+    workload (``SLURMHET_WORKLOAD``, else ``model``): ``SLURMHET_EMULATION_TABLE`` (a "true" speed the planner
+    does not know, to test profiling), else the planner's own table.
 
     Under an MPS pack the member gets ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` percent
     of the GPU's rate, so co-location costs something in emulation too.
@@ -94,7 +96,12 @@ def emulated_samples_per_s(env: Mapping[str, str], model: str, gpu_type: str | N
         if not gpu_type:
             raise InputError("no GPU type known for this node", place="emulation",
                              hint="set SLURMHET_GPU_TYPE or SLURMHET_NODE_GPU_TYPES=nodea=v100,...")
-        rate = table_rate(Path(env.get("SLURMHET_THROUGHPUT_TABLE") or DEFAULT_TABLE), model, gpu_type)
+        if env.get("SLURMHET_WORKLOAD"):  # the planner's key, exported by every emitted script
+            from slurmhet.throughput import split_key
+
+            model = split_key(env["SLURMHET_WORKLOAD"])[0]
+        table = env.get("SLURMHET_EMULATION_TABLE") or env.get("SLURMHET_THROUGHPUT_TABLE") or DEFAULT_TABLE
+        rate = table_rate(Path(table), model, gpu_type)
     share = env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
     if share:
         rate *= min(100.0, max(1.0, float(share))) / 100.0

@@ -58,6 +58,9 @@ MASTER_PORT_BASE = 20000
 MASTER_PORT_SPAN = 20000
 #: Exit statuses of a run that had already checkpointed and stopped: clean, or killed by Slurm's requeue.
 _STOP_KILL_STATUSES = frozenset({0, 128 + signal.SIGTERM, 128 + signal.SIGKILL})
+#: A profiling run (``SLURMHET_PROFILE_STEPS``): how often its progress is read, how long TERM may take.
+PROFILE_POLL_S = 1.0
+PROFILE_STOP_GRACE_S = 30.0
 #: Tolerance on the sum of the planned shard weights (the plan prints rounded decimals).
 WEIGHT_SUM_TOLERANCE = 1e-3
 
@@ -313,6 +316,30 @@ def thread_env(env: Mapping[str, str]) -> dict[str, str]:
     return {"OMP_NUM_THREADS": cpus if cpus.isdigit() and int(cpus) > 0 else "1"}
 
 
+def profiled_enough(record: ProgressRecord | None, steps: int) -> bool:
+    """A profiling run has measured once its command reported ``steps`` steps of this run at a real rate."""
+    return record is not None and record.samples_per_second > 0 and record.steps_done - record.start_steps >= steps
+
+
+def _stop_when_profiled(child: subprocess.Popen[bytes], progress_file: Path, steps: int) -> bool:
+    """Wait for ``child``; once its progress shows ``steps`` measured steps, stop it (TERM, then KILL after
+    PROFILE_STOP_GRACE_S) and return True. False when it ended by itself first."""
+    while True:
+        try:
+            child.wait(timeout=PROFILE_POLL_S)
+            return False
+        except subprocess.TimeoutExpired:
+            pass
+        if profiled_enough(read_record(progress_file), steps):
+            child.terminate()
+            try:
+                child.wait(timeout=PROFILE_STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+            return True
+
+
 def launch(argv: list[str], env: Mapping[str, str] | None = None) -> int:
     """Run ``argv`` as this task's rank; forward signals; keep the progress file; return the exit status."""
     base_env = dict(os.environ if env is None else env)
@@ -336,15 +363,21 @@ def launch(argv: list[str], env: Mapping[str, str] | None = None) -> int:
             child.send_signal(signum)
 
     previous = {s: signal.signal(s, forward) for s in FORWARDED_SIGNALS}
+    profile_steps = _int(base_env, "SLURMHET_PROFILE_STEPS", 0)
     try:
-        status = _exit_status(child.wait())
+        profiled = profile_steps > 0 and _stop_when_profiled(child, rank_env.progress_file, profile_steps)
+        status = 0 if profiled else _exit_status(child.wait())
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
 
     last = read_record(rank_env.progress_file) or _initial_record(rank_env, emulation_enabled(base_env))
     stopped_on_purpose = last.state in ("preempted", "timeout") and status in _STOP_KILL_STATUSES
-    if stopped_on_purpose:
+    if profiled:
+        print(f"slurmhet run: profiled {last.steps_done - last.start_steps} steps at {last.samples_per_second:.1f} "
+              "samples/s; stopped the command", file=sys.stderr)
+        state, code = "done", 0
+    elif stopped_on_purpose:
         # The run checkpointed and asked for a requeue; Slurm's requeue then kills it (143): not a failure.
         state, code = last.state, 0
     else:

@@ -33,7 +33,9 @@ def slurmhet(args: list[str], state: Path, tmp_path: Path) -> subprocess.Complet
     empty = tmp_path / "no-slurm-bin"
     empty.mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURMHET_")}
-    env.update(PATH=str(empty), SLURMHET_STATE_DIR=str(state), HOME=str(tmp_path))
+    # The table named outright: a dev cluster's site config (/etc/slurmhet) must not decide what this test sees.
+    env.update(PATH=str(empty), SLURMHET_STATE_DIR=str(state), HOME=str(tmp_path),
+               SLURMHET_THROUGHPUT_TABLE=str(Path(__file__).resolve().parents[2] / "etc/throughput/devcluster.yaml"))
     return subprocess.run([sys.executable, "-m", "slurmhet", *args], capture_output=True, text=True, env=env,
                           timeout=300, check=False)
 

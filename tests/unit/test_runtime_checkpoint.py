@@ -85,6 +85,7 @@ def test_requeue_policy_and_target() -> None:
     assert should_requeue("timeout", {"SLURM_RESTART_COUNT": "2"})
     assert not should_requeue("timeout", {"SLURM_RESTART_COUNT": "3"})
     assert not should_requeue("timeout", {"SLURMHET_MAX_TIMEOUT_REQUEUES": "0"})
+    assert not should_requeue("preempted", {"SLURMHET_PROFILE_STEPS": "100"})  # stopped by its launcher: measured
     assert requeue_target({"SLURM_JOB_ID": "7003", "SLURM_ARRAY_JOB_ID": "7000", "SLURM_ARRAY_TASK_ID": "2"}) == "7000_2"
     assert requeue_target({"SLURM_JOB_ID": "6000", "SLURM_HET_SIZE": "2"}) == "6000"
     with pytest.raises(SystemFailure):

@@ -226,3 +226,32 @@ def test_thread_env_caps_openmp_at_the_tasks_cpus(env: dict[str, str], expected:
     from slurmhet.runtime.launcher import thread_env
 
     assert thread_env(env) == expected
+
+
+def test_a_profiling_run_is_stopped_once_its_steps_are_measured(tmp_path: Path) -> None:
+    """SLURMHET_PROFILE_STEPS: the command would train for ever; the launcher stops it after 5 measured steps."""
+    env = {**_local_env(tmp_path), "SLURMHET_PROFILE_STEPS": "5"}
+    record = tmp_path / "progress" / "31.9100.0.json"
+    child = (
+        "import json, os, time\n"
+        f"path = {str(record)!r}\n"
+        "steps = 0\n"
+        "while True:\n"
+        "    steps += 1\n"
+        "    data = json.load(open(path)); data.update(state='running', steps_done=steps, samples_per_second=250.0)\n"
+        "    json.dump(data, open(path + '.tmp', 'w')); os.replace(path + '.tmp', path)\n"
+        "    time.sleep(0.1)\n"
+    )
+    started = time.monotonic()
+    status = launch(["--", sys.executable, "-c", child], env)
+    assert status == 0 and time.monotonic() - started < 20
+    [stored] = read_progress(tmp_path / "progress")
+    assert stored.state == "done" and stored.exit_code == 0 and stored.steps_done >= 5
+    assert stored.samples_per_second == 250.0
+
+
+def test_a_profiling_run_that_ends_first_keeps_its_own_status(tmp_path: Path) -> None:
+    env = {**_local_env(tmp_path), "SLURMHET_PROFILE_STEPS": "1000"}
+    assert launch(["--", sys.executable, "-c", "raise SystemExit(4)"], env) == 4
+    [stored] = read_progress(tmp_path / "progress")
+    assert (stored.state, stored.exit_code) == ("failed", 4)
