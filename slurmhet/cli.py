@@ -327,46 +327,14 @@ def profile(obj: Context, files: tuple[str, ...], types_text: str, steps: int, m
 
 def _run_profiles(obj: Context, specs: Sequence[tuple[specmod.JobSpec, str]], only: tuple[str, ...], steps: int,
                   minutes: int, skip_measured: bool, quiet: bool) -> list[Any]:
-    """Submit the profiling runs, drive them with replan passes until they end, store what they measured."""
-    from slurmhet import profiling
-    from slurmhet.replan import Replanner
-    from slurmhet.runtime.progress import read_progress
-    from slurmhet.submission import current_user, submit_new
+    from slurmhet.profiling import run_profiles
 
-    inventory = obj.inventory()
-    skip = profiling.unmeasured(obj.planning_table(live=True)) if skip_measured else (lambda spec, gpu: False)
-    runs = profiling.profile_runs([s for s, _ in specs], inventory.usable().gpu_types, only, steps, minutes, skip)
-    if not runs:
-        return []
-    sources = {s.name: src for s, src in specs}
-    outcomes = submit_new(obj.db, (obj.client, obj.profile, obj.settings, obj.runner),
-                          [(r.spec, f"profile:{sources[r.job]}") for r in runs], inventory, False)
-    by_id = {str(o.job_id): run for o, run in zip(outcomes, runs)}
-    replanner = Replanner(obj.db, obj.client, obj.profile, obj.settings, obj.runner, current_user())
-    states: dict[str, str] = {}
-    slurm_ids: dict[str, tuple[str, ...]] = {}
-
-    def refresh() -> None:
-        replanner.run()
-        with obj.db.snapshot() as session:
-            for job_id in by_id:
-                job = get_job(session, int(job_id))
-                if job is not None:
-                    states[job_id] = job.state.value
-                    slurm_ids[job_id] = tuple(sorted({p.slurm_job_id for p in job.slurm_jobs}))
+    def say(line: str) -> None:
         if not quiet:
-            err_console.print("slurmhet profile: " + ", ".join(f"{r.job}@{r.gpu_type} {states.get(i, '?')}"
-                                                               for i, r in by_id.items()), markup=False)
+            err_console.print(f"slurmhet profile: {line}", markup=False)
 
-    finished = profiling.wait_until(lambda: all(JobState(states.get(i, "PENDING")).final for i in by_id), refresh,
-                                    deadline_s=60.0 * (2 * minutes + 5))
-    if not finished and not quiet:
-        err_console.print("slurmhet profile: some runs are still queued; `slurmhet replan` folds their rates in "
-                          "when they run", markup=False)
-    rates = profiling.measured(read_progress(obj.settings.progress_dir), by_id)
-    with obj.db.transaction() as session:
-        profiling.store_profiles(session, rates, by_id)
-    return profiling.rows(by_id, rates, states, slurm_ids)
+    return run_profiles(obj.db, (obj.client, obj.profile, obj.settings, obj.runner), specs, obj.inventory(),
+                        obj.planning_table(live=True), only, steps, minutes, skip_measured, say)
 
 
 def _print_profiles(result: Sequence[Any]) -> None:

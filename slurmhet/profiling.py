@@ -18,9 +18,15 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from sqlalchemy.orm import Session
 
+from slurmhet.cluster import Inventory
+from slurmhet.config import Settings
 from slurmhet.errors import InputError
-from slurmhet.runtime.progress import ProgressRecord
+from slurmhet.runtime.progress import ProgressRecord, read_progress
+from slurmhet.slurm.client import SlurmClient
+from slurmhet.slurm.profile import SiteProfile
+from slurmhet.slurm.runner import SlurmRunner
 from slurmhet.spec import GpuRequest, JobSpec
+from slurmhet.store import Database, JobState, get_job
 from slurmhet.store.models import ThroughputObservation
 from slurmhet.throughput import ThroughputTable, canonical_key
 
@@ -135,3 +141,43 @@ def wait_until(done: Callable[[], bool], tick: Callable[[], None], deadline_s: f
         if clock() >= end:
             return False
         sleep(poll_s)
+
+
+def run_profiles(db: Database, slurm: tuple[SlurmClient, SiteProfile, Settings, SlurmRunner],
+                 specs: Sequence[tuple[JobSpec, str]], inventory: Inventory, table: ThroughputTable,
+                 only: Sequence[str], steps: int, minutes: int, skip_measured: bool,
+                 say: Callable[[str], None]) -> list[ProfileRow]:
+    """Submit the profiling runs, drive them with replan passes until they end, store what they measured."""
+    from slurmhet.replan import Replanner
+    from slurmhet.submission import current_user, submit_new
+
+    client, profile, settings, runner = slurm
+    skip = unmeasured(table) if skip_measured else (lambda spec, gpu: False)
+    runs = profile_runs([s for s, _ in specs], inventory.usable().gpu_types, only, steps, minutes, skip)
+    if not runs:
+        return []
+    sources = {s.name: src for s, src in specs}
+    outcomes = submit_new(db, slurm, [(r.spec, f"profile:{sources[r.job]}") for r in runs], inventory, False)
+    by_id = {str(o.job_id): run for o, run in zip(outcomes, runs)}
+    replanner = Replanner(db, client, profile, settings, runner, current_user())
+    states: dict[str, str] = {}
+    slurm_ids: dict[str, tuple[str, ...]] = {}
+
+    def refresh() -> None:
+        replanner.run()
+        with db.snapshot() as session:
+            for job_id in by_id:
+                job = get_job(session, int(job_id))
+                if job is not None:
+                    states[job_id] = job.state.value
+                    slurm_ids[job_id] = tuple(sorted({p.slurm_job_id for p in job.slurm_jobs}))
+        say(", ".join(f"{r.job}@{r.gpu_type} {states.get(i, '?')}" for i, r in by_id.items()))
+
+    finished = wait_until(lambda: all(JobState(states.get(i, "PENDING")).final for i in by_id), refresh,
+                          deadline_s=60.0 * (2 * minutes + 5))
+    if not finished:
+        say("some runs are still queued; `slurmhet replan` folds their rates in when they run")
+    rates = measured(read_progress(settings.progress_dir), by_id)
+    with db.transaction() as session:
+        store_profiles(session, rates, by_id)
+    return rows(by_id, rates, states, slurm_ids)
