@@ -363,14 +363,19 @@ def _visible_jobs(obj: Context, session: Any, all_users: bool) -> list[Any]:
 
 
 @main.command()
+@click.argument("job_id", type=int, required=False)
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--all", "all_users", is_flag=True, help="every user's jobs (root or admin group)")
 @click.pass_obj
-def status(obj: Context, as_json: bool, all_users: bool) -> None:
-    """Your jobs and their Slurm parts, refreshed from Slurm, with why each waiting job waits."""
+def status(obj: Context, job_id: int | None, as_json: bool, all_users: bool) -> None:
+    """Your jobs and their Slurm parts, refreshed from Slurm, with why each waiting job waits;
+    with an ID, that job in full (spec, plan, speeds, Slurm parts, times, log files, events)."""
     from slurmhet.submission import current_user
     from slurmhet.sync import fetch_view, sync_jobs
 
+    if job_id is not None:
+        _status_one(obj, job_id, as_json)
+        return
     user = current_user()
     with obj.db.snapshot() as session:  # Slurm is asked outside the write transaction
         try:
@@ -380,6 +385,7 @@ def status(obj: Context, as_json: bool, all_users: bool) -> None:
             raise SystemFailure(f"cannot reach Slurm to refresh job states ({exc}); "
                                 "the store was left as it was") from exc
     context = _WaitContext.of(obj, world, user)
+    files = _log_files(obj)
     with obj.db.transaction() as session:
         jobs = _visible_jobs(obj, session, all_users)
         sync_jobs(session, jobs, view)
@@ -389,25 +395,62 @@ def status(obj: Context, as_json: bool, all_users: bool) -> None:
                        "gpu_type": p.gpu_type, "gpus": p.gpu_count, "state": p.state, "nodes": p.nodes,
                        "reason": p.reason} for p in j.slurm_jobs],
             "throughput_priors": list((j.plan or {}).get("priors") or ()),
+            "logs": [str(part.path) for part in _log_parts(obj, j, files)],
             **_waiting_view(j, context),
         } for j in jobs]
     if as_json:
         _emit_json({"jobs": rows})
         return
     table = Table(title="slurmhet status")
-    for column in ("id", "name", "owner", "state", "slurm", "gpus", "nodes", "reason"):
+    for column in ("id", "name", "owner", "state", "slurm", "gpus", "nodes", "reason", "log"):
         table.add_column(column)
     for row in rows:
         parts = [p for p in row["slurm"] if p["role"] != "superseded"]
         why = "; ".join(x for x in (row["reason"], row["slurm_reason"] and f"Slurm: {row['slurm_reason']}",
-                                    row["throughput_priors"] and ("speed is a prior on "
-                                                                  + ", ".join(row["throughput_priors"])),
+                                    row["throughput_priors"] and not JobState(row["state"]).final
+                                    and "planned on a prior speed for " + ", ".join(row["throughput_priors"]),
                                     row["slurm_expected_start"] and f"Slurm expects start {row['slurm_expected_start']}",
                                     row["planned_start"] and f"plan: start {row['planned_start']}", row["why"]) if x)
         table.add_row(str(row["id"]), row["name"], row["owner"], row["state"],
                       " ".join(p["id"] for p in parts), " ".join(f"{p['gpus']}x{p['gpu_type']}" for p in parts),
-                      " ".join(p["nodes"] for p in parts), why)
+                      " ".join(p["nodes"] for p in parts), why, row["logs"][-1] if row["logs"] else "")
     console.print(table)
+
+
+def _status_one(obj: Context, job_id: int, as_json: bool) -> None:
+    from sqlalchemy import select
+
+    from slurmhet.jobview import detail_lines, job_detail
+    from slurmhet.site_table import with_specs
+    from slurmhet.store.models import Event
+    from slurmhet.submission import current_user
+
+    job = _refresh(obj, job_id)
+    with obj.db.snapshot() as session:
+        events = list(session.scalars(select(Event).where(Event.job_id == job_id).order_by(Event.id)))
+        session.expunge_all()
+    spec = specmod.parse_job(job.spec, f"store:job {job.id}")
+    waiting: dict[str, Any] = {}
+    try:
+        world = read_world(obj.client, current_user())
+        context = _WaitContext.of(obj, world, current_user())
+        inventory_types = world.inventory.gpu_types
+        waiting = _waiting_view(job, context)
+    except (SlurmCommandError, SlurmOutputError):
+        inventory_types = ()
+    table = with_specs(obj.planning_table(live=True), [spec])
+    speeds = {}
+    for gpu_type in spec.gpus.types or inventory_types:
+        try:
+            speeds[gpu_type] = table.get(spec.workload.key, gpu_type)
+        except InputError:
+            continue
+    detail = job_detail(job, spec, events, _log_parts(obj, job), speeds, waiting)
+    if as_json:
+        _emit_json(detail)
+    else:
+        for line in detail_lines(detail):
+            click.echo(line)
 
 
 @dataclass
@@ -479,6 +522,87 @@ def _waiting_view(job: Any, context: _WaitContext) -> dict[str, Any]:
     out["why"] = why_waiting(spec.gpus.min, waits_on, allowed, rates, inventory, context.facts, context.ours,
                              context.now)
     return out
+
+
+def _own_job(obj: Context, session: Any, job_id: int) -> Any:
+    """A stored job the caller may see (their own; any as root or admin), else exit 2."""
+    from slurmhet.submission import current_user
+
+    job = get_job(session, job_id)
+    if job is None or (job.owner != current_user() and not obj.is_admin()):
+        raise InputError(f"no job {job_id} of yours in the store", place="ID",
+                         hint="`slurmhet status` lists your jobs and their ids")
+    return job
+
+
+def _log_files(obj: Context) -> list[Path]:
+    log_dir = obj.settings.log_dir
+    return list(log_dir.glob("*.out")) + list(log_dir.glob("*/*_log.out")) if log_dir.is_dir() else []
+
+
+def _log_parts(obj: Context, job: Any, files: list[Path] | None = None) -> list[Any]:
+    from slurmhet.joblogs import PartInfo, log_parts
+
+    infos = [PartInfo(p.slurm_job_id, p.role, p.submitted_at, p.state, p.gpu_type, p.gpu_count, p.nodes,
+                      p.array_task, p.het_offset, p.round) for p in job.slurm_jobs]
+    return log_parts(infos, _log_files(obj) if files is None else files)
+
+
+def _refresh(obj: Context, job_id: int) -> Any:
+    """The job re-read after syncing its parts with Slurm (a Slurm that does not answer leaves it as stored)."""
+    from slurmhet.sync import fetch_view, sync_jobs
+
+    with obj.db.snapshot() as session:
+        job = _own_job(obj, session, job_id)
+        try:
+            view = fetch_view(obj.client, [job])
+        except (SlurmCommandError, SlurmOutputError):
+            view = None
+    with obj.db.transaction() as session:
+        job = _own_job(obj, session, job_id)
+        if view is not None:
+            sync_jobs(session, [job], view)
+        session.expunge_all()
+        return job
+
+
+@main.command()
+@click.argument("job_id", type=int)
+@click.option("--follow", "-f", is_flag=True, help="keep printing as the job writes, until it ends (like tail -f)")
+@click.option("--part", "part_no", type=click.IntRange(min=1), default=None,
+              help="only part K, as numbered in the headers")
+@click.pass_obj
+def logs(obj: Context, job_id: int, follow: bool, part_no: int | None) -> None:
+    """The output of job ID across all its Slurm parts (components, array copies, consolidations,
+    resubmissions) in order, each headed by its Slurm id, GPUs and nodes; stdout and stderr share a file."""
+    import time
+
+    from slurmhet.joblogs import Tail, numbered
+
+    tail = Tail()
+    job = _refresh(obj, job_id)
+    last_sync = time.monotonic()
+    while True:
+        listed = numbered(_log_parts(obj, job))
+        if part_no is not None and not follow and part_no > len(listed):
+            raise InputError(f"job {job_id} has {len(listed)} part(s) with output", place="--part",
+                             hint="leave --part out to see them all")
+        for number, part in listed:
+            if part_no is not None and number != part_no:
+                continue
+            first = not tail.seen(part.path)
+            data = tail.read_new(part.path)
+            if first:
+                click.echo(f"==> part {number}: {part.header} <==")
+            sys.stdout.write(data.decode("utf-8", errors="replace"))
+            sys.stdout.flush()
+        if not follow or job.state.final:
+            if follow or not listed:
+                click.echo(f"==> job {job_id} {job.state.value}" + (f": {job.reason}" if job.reason else "") + " <==")
+            return
+        time.sleep(1.0)
+        if time.monotonic() - last_sync >= 5.0:
+            job, last_sync = _refresh(obj, job_id), time.monotonic()
 
 
 @main.command()

@@ -55,8 +55,13 @@ def status_from_queue(part: SlurmJob, records: Sequence[QueueRecord]) -> PartSta
     mine = [r for r in records if r.root_id == part.slurm_job_id and _matches(part, r.het_offset, r.array_task)]
     if not mine:
         return None
-    return PartStatus(_combine([r.state for r in mine]), reason=mine[0].reason if mine[0].reason != "None" else "",
-                      nodes=",".join(sorted({r.nodes for r in mine if r.nodes})))
+    state = _combine([r.state for r in mine])
+    # A pending job's start is Slurm's expectation and a live job's end its time limit: neither happened yet.
+    starts = [r.start for r in mine if r.start] if state not in ("PENDING", "REQUEUED") else []
+    ends = [r.end for r in mine if r.end] if state in FINAL_PART_STATES else []
+    return PartStatus(state, reason=mine[0].reason if mine[0].reason != "None" else "",
+                      nodes=",".join(sorted({r.nodes for r in mine if r.nodes})),
+                      start=min(starts) if starts else None, end=max(ends) if ends else None)
 
 
 def status_from_accounting(part: SlurmJob, records: Sequence[AccountingRecord]) -> PartStatus | None:

@@ -268,7 +268,9 @@ def handle_stop(stop: StopRequest, *, rank: int, save: Callable[[], object], env
         return StopOutcome(reason, False, "rank 0 checkpoints and requeues")
     save()
     if not should_requeue(reason, env):
-        return StopOutcome(reason, False, "timeout requeue limit reached; ending cleanly")
+        why = "a profiling run is not requeued" if env.get("SLURMHET_PROFILE_STEPS") else \
+            "timeout requeue limit reached; ending cleanly"
+        return StopOutcome(reason, False, why)
     try:
         requeue(env)
     except SystemFailure as exc:

@@ -161,3 +161,22 @@ def test_concurrent_probes_each_write_the_cache_whole(rec: Recorded, tmp_path: P
     assert errors == []
     assert json.loads(cache.read_text())["slurm_version"] == ".".join(map(str, parse_version(rec.read("sinfo_version.txt"))))
     assert [p.name for p in tmp_path.iterdir()] == ["profile.json"]  # no temporary file left
+
+
+def test_queue_times_count_only_once_they_happened() -> None:
+    """squeue's start of a pending job is Slurm's guess, and a running job's end its time limit."""
+    from datetime import datetime, timezone
+
+    from slurmhet.slurm.parsers import QueueRecord
+    from slurmhet.sync import status_from_queue
+
+    t1, t2 = datetime(2026, 11, 25, 10, tzinfo=timezone.utc), datetime(2026, 11, 25, 11, tzinfo=timezone.utc)
+    part = SlurmJob(slurm_job_id="7", role="batch")
+
+    def record(state: str) -> QueueRecord:
+        return QueueRecord("7", None, None, None, None, "j", state, "", "", "u", "nodea", start=t1, end=t2)
+
+    pending, running, done = (status_from_queue(part, [record(s)]) for s in ("PENDING", "RUNNING", "COMPLETED"))
+    assert pending is not None and (pending.start, pending.end) == (None, None)
+    assert running is not None and (running.start, running.end) == (t1, None)
+    assert done is not None and (done.start, done.end) == (t1, t2)
