@@ -184,7 +184,8 @@ def validate(files: tuple[str, ...]) -> None:
     """Check job spec FILES without Slurm or the database."""
     specs = _load_specs(files)
     for spec, path in specs:
-        click.echo(f"ok  {path}: {spec.name} ({spec.workload.key}, {spec.gpus.min}-{spec.gpus.max} GPUs)")
+        click.echo(f"ok  {path}: {spec.name} ({spec.workload.key}, {spec.gpus.min}-{spec.gpus.max} GPUs)"
+                   + (f" [group {spec.group}]" if spec.group else ""))
 
 
 @main.command()
@@ -390,7 +391,8 @@ def status(obj: Context, job_id: int | None, as_json: bool, all_users: bool) -> 
         jobs = _visible_jobs(obj, session, all_users)
         sync_jobs(session, jobs, view)
         rows = [{
-            "id": j.id, "name": j.name, "owner": j.owner, "state": j.state.value, "reason": j.reason,
+            "id": j.id, "name": j.name, "owner": j.owner, "group": j.spec.get("group"), "state": j.state.value,
+            "reason": j.reason,
             "slurm": [{"id": p.slurm_job_id, "role": p.role, "het_offset": p.het_offset, "array_task": p.array_task,
                        "gpu_type": p.gpu_type, "gpus": p.gpu_count, "state": p.state, "nodes": p.nodes,
                        "reason": p.reason} for p in j.slurm_jobs],
@@ -606,13 +608,24 @@ def logs(obj: Context, job_id: int, follow: bool, part_no: int | None) -> None:
 
 
 @main.command()
-@click.argument("job_ids", nargs=-1, required=True, type=int)
+@click.argument("job_ids", nargs=-1, type=int)
+@click.option("--group", default=None, help="every live job of this group (a sweep's variants share its name)")
 @click.pass_obj
-def cancel(obj: Context, job_ids: tuple[int, ...]) -> None:
-    """Cancel slurmhet jobs (yours, or anyone's as root/admin)."""
+def cancel(obj: Context, job_ids: tuple[int, ...], group: str | None) -> None:
+    """Cancel slurmhet jobs by ID or --group (yours, or anyone's as root/admin)."""
     from slurmhet.submission import current_user
 
+    if not job_ids and group is None:
+        raise InputError("nothing to cancel", place="ID", hint="give job ids or --group NAME")
     with obj.db.transaction() as session:
+        if group is not None:
+            owner = None if obj.is_admin() else current_user()
+            members = [j.id for j in list_jobs(session, owner=owner)
+                       if j.spec.get("group") == group and not j.state.final]
+            if not members:
+                raise InputError(f"no live jobs in group {group!r}", place="--group",
+                                 hint="`slurmhet status` shows each job's group")
+            job_ids = tuple(sorted(set(job_ids) | set(members)))
         jobs = []
         for job_id in job_ids:
             job = get_job(session, job_id)
@@ -645,11 +658,13 @@ def run(argv: tuple[str, ...]) -> None:
 @main.command()
 @click.option("--since", type=click.DateTime(), default=None, help="only jobs stored since this time")
 @click.option("--user", default=None, help="another user's jobs (root or admin group)")
+@click.option("--group", default=None, help="only this group's jobs (a sweep's variants share its name)")
 @click.option("--json", "as_json", is_flag=True)
 @click.option("--csv", "as_csv", is_flag=True)
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False), default=None, help="write PNG plots here")
 @click.pass_obj
-def report(obj: Context, since: Any, user: str | None, as_json: bool, as_csv: bool, plot_dir: str | None) -> None:
+def report(obj: Context, since: Any, user: str | None, group: str | None, as_json: bool, as_csv: bool,
+           plot_dir: str | None) -> None:
     """JCT, queueing, makespan and GPU-hours per type, from sacct joined with the store, beside other users' jobs."""
     from datetime import datetime, timezone
 
@@ -663,7 +678,10 @@ def report(obj: Context, since: Any, user: str | None, as_json: bool, as_csv: bo
         raise InputError(f"--user {user} needs root or the admin group", place="--user", hint="drop --user")
     with obj.db.snapshot() as session:
         stored = [j for j in list_jobs(session, owner=user or (None if obj.is_admin() else me))
-                  if since is None or j.created_at.replace(tzinfo=None) >= since]
+                  if (since is None or j.created_at.replace(tzinfo=None) >= since)
+                  and (group is None or j.spec.get("group") == group)]
+        if group is not None and not stored:
+            raise InputError(f"no jobs in group {group!r}", place="--group", hint="`slurmhet status` shows groups")
         jobs = [_stored_view(j) for j in stored]
     ids = sorted({i for j in jobs for i in j.slurm_ids})
     notices: list[str] = []

@@ -19,6 +19,7 @@ import yaml
 
 from slurmhet.cluster import Inventory
 from slurmhet.errors import InputError
+from slurmhet import sweep
 from slurmhet.gpu_catalog import PRECISIONS
 
 SYNC_MODES = ("allreduce", "ps", "local-sgd")
@@ -108,6 +109,8 @@ class JobSpec:
     env: tuple[tuple[str, str], ...] = ()
     #: A profiling run (what `slurmhet profile` submits): the launcher stops the command after this many steps.
     profile_steps: int | None = None
+    #: Jobs listed, cancelled and reported together (a sweep's variants get their sweep's name).
+    group: str | None = None
     #: Where each field came from, "file:line:col"; for errors found later (cluster checks).
     places: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -160,6 +163,7 @@ class JobSpec:
             "checkpoint_dir": self.checkpoint_dir,
             "time_limit": self.time_limit_min,
             "profile_steps": self.profile_steps,
+            "group": self.group,
         }
         out.update({k: v for k, v in optional.items() if v is not None})
         if self.sbatch:
@@ -307,7 +311,7 @@ class _Fields:
 JOB_FIELDS = (
     "name", "command", "entrypoint", "args", "workload", "work", "global_batch", "model_size_mb", "sync",
     "gpus", "weight", "priority", "colocate", "gpu_memory_gb", "checkpoint_dir", "time_limit", "sbatch", "env",
-    "profile_steps",
+    "profile_steps", "group", "sweep",
 )
 
 
@@ -500,6 +504,13 @@ def _env(f: _Fields) -> tuple[tuple[str, str], ...]:
     return tuple(out)
 
 
+def _group(f: _Fields) -> str | None:
+    group = f.string("group")
+    if group is not None and not _JOB_NAME.match(group):
+        raise f.fail("group", "must be 1-200 characters without NUL", "group: lr-sweep")
+    return group
+
+
 def parse_job(data: Any, source: str, where: str = "") -> JobSpec:
     """Validate one job mapping; ``source`` names the file for error places."""
     f = _Fields(data, source, where, JOB_FIELDS)
@@ -540,6 +551,7 @@ def parse_job(data: Any, source: str, where: str = "") -> JobSpec:
         sbatch=_sbatch(f),
         env=_env(f),
         profile_steps=f.integer("profile_steps"),
+        group=_group(f),
         places=places,
     )
 
@@ -569,9 +581,9 @@ def load_text(text: str, source: str) -> list[JobSpec]:
         if not isinstance(jobs, list) or not jobs:
             raise InputError("'jobs' must be a non-empty list", place=_fmt(data.value_marks.get("jobs"), source),
                              hint="jobs:\n  - name: a ...")
-        specs = [parse_job(job, source, f"jobs[{i}]") for i, job in enumerate(jobs)]
+        specs = [spec for i, job in enumerate(jobs) for spec in _expanded(job, source, f"jobs[{i}]")]
     else:
-        specs = [parse_job(data, source)]
+        specs = _expanded(data, source, "")
     seen: dict[str, int] = {}
     for i, spec in enumerate(specs):
         if spec.name in seen:
@@ -579,6 +591,16 @@ def load_text(text: str, source: str) -> list[JobSpec]:
                              hint="give every job its own name")
         seen[spec.name] = i
     return specs
+
+
+def _expanded(data: Any, source: str, where: str) -> list[JobSpec]:
+    """One job, or its sweep's variants (slurmhet/sweep.py), each validated like any job."""
+    if isinstance(data, dict) and data.get("sweep") is not None:
+        f = _Fields(data, source, where, JOB_FIELDS)
+        variants = sweep.expand(data, lambda cause, hint: f.fail("sweep", cause, hint))
+        return [parse_job(v, source, f"{where}.sweep[{k}]" if where else f"sweep[{k}]")
+                for k, v in enumerate(variants)]
+    return [parse_job(data, source, where)]
 
 
 def load_file(path: str | Path) -> list[JobSpec]:
