@@ -538,8 +538,10 @@ def _own_job(obj: Context, session: Any, job_id: int) -> Any:
 
 
 def _log_files(obj: Context) -> list[Path]:
-    log_dir = obj.settings.log_dir
-    return list(log_dir.glob("*.out")) + list(log_dir.glob("*/*_log.out")) if log_dir.is_dir() else []
+    """Emitted scripts' logs, and submitit's (entrypoint jobs) in their per-job folders."""
+    log_dir, submitit_dir = obj.settings.log_dir, obj.settings.state_dir / "submitit"
+    return ((list(log_dir.glob("*.out")) if log_dir.is_dir() else [])
+            + (list(submitit_dir.glob("*/*_log.out")) if submitit_dir.is_dir() else []))
 
 
 def _log_parts(obj: Context, job: Any, files: list[Path] | None = None) -> list[Any]:
@@ -566,6 +568,101 @@ def _refresh(obj: Context, job_id: int) -> Any:
             sync_jobs(session, [job], view)
         session.expunge_all()
         return job
+
+
+@main.command()
+@click.argument("job_id", type=int)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_obj
+def explain(obj: Context, job_id: int, as_json: bool) -> None:
+    """Why the plan put job ID where it is (each allowed type and size: when it would start, how long it would
+    run, when it would finish, and the reason for the choice), or why it waits."""
+    import math
+
+    from slurmhet.explain import Option, options, reason
+    from slurmhet.planner.model import job_rates, plan_job_from_spec
+    from slurmhet.runtime.progress import job_steps, read_progress
+    from slurmhet.site_table import with_specs
+    from slurmhet.submission import current_user, stored_allocation
+
+    job = _refresh(obj, job_id)
+    spec = specmod.parse_job(job.spec, f"store:job {job.id}")
+    user = current_user()
+    world = read_world(obj.client, user)
+    context = _WaitContext.of(obj, world, user)
+    inventory = world.inventory
+    done = job_steps(read_progress(obj.settings.progress_dir)).get(str(job_id), 0) * spec.global_batch
+    plan_job = plan_job_from_spec(str(job.id), spec, job.created_at.timestamp(),
+                                  samples_done=min(float(done), spec.total_samples - 1.0))
+    types = tuple(t for t in inventory.usable().gpu_types if not context.access.types or t in context.access.types)
+    rates, priors = job_rates(plan_job, with_specs(context.table, [spec]), types)
+    ours = dict(context.ours)
+    current = stored_allocation(job) if job.state in (JobState.RUNNING, JobState.SUBMITTED) else None
+    for gpu_type, count in (current.by_type() if current else {}).items():  # its own GPUs do not delay it
+        ours[gpu_type] = max(0, ours.get(gpu_type, 0) - count)
+    opts = options(plan_job, rates, priors, inventory, context.facts, ours, context.now)
+    plan = job.plan or {}
+    chosen, label = None, ""
+    if plan.get("slots"):
+        by_type: dict[str, int] = {}
+        for _, gpu_type, count in plan["slots"]:
+            by_type[gpu_type] = by_type.get(gpu_type, 0) + count
+        label = " + ".join(f"{t} x{c}" for t, c in sorted(by_type.items()))
+        start = max(float(plan.get("start_s") or context.now), context.now)
+        run = float(plan.get("finish_s") or start) - float(plan.get("start_s") or start)
+        chosen = Option(next(iter(by_type)) if len(by_type) == 1 else label, sum(by_type.values()), run, start,
+                        any(t in priors for t in by_type))
+    why = reason(chosen, opts, label) if chosen else ("waits: " + (plan.get("wait_reason") or "not planned yet"))
+    waiting = _waiting_view(job, context).get("why", "")
+    if as_json:
+        _emit_json({"job": job.id, "name": job.name, "state": job.state.value,
+                    "chosen": {"label": label, **chosen.to_json()} if chosen else None,
+                    "options": [o.to_json() for o in opts], "reason": why, "waiting": waiting})
+        return
+
+    def clock(at: float) -> str:
+        return "unknown" if math.isinf(at) else ("now" if at <= context.now + 1 else
+                                                 datetime.fromtimestamp(at).strftime("%H:%M"))
+
+    click.echo(f"job {job.id} {job.name!r} ({job.state.value})"
+               + (f": planned on {label}, start {clock(chosen.start_s)}, finish ~{clock(chosen.finish_s)}"
+                  if chosen else ""))
+    click.echo(f"why: {why}")
+    if waiting:
+        click.echo(f"waiting: {waiting}")
+    table = Table(title="options (predicted from now)")
+    for column in ("type", "gpus", "starts", "runs (s)", "finishes", "speed"):
+        table.add_column(column)
+    for o in opts:
+        table.add_row(o.gpu_type, str(o.gpus), clock(o.start_s), f"{o.run_s:.0f}", clock(o.finish_s),
+                      "PRIOR" if o.prior else "measured")
+    console.print(table)
+
+
+@main.command()
+@click.argument("job_id", type=int)
+@click.option("--rank", type=click.IntRange(min=0), default=0, show_default=True, help="whose return value")
+@click.option("--json", "as_json", is_flag=True, help="the value as JSON (repr where JSON has no form)")
+@click.pass_obj
+def result(obj: Context, job_id: int, rank: int, as_json: bool) -> None:
+    """An entrypoint job's return value (rank 0 by default), or its exception with the traceback (exit 1)."""
+    from slurmhet.results import read_result, result_path
+
+    job = _refresh(obj, job_id)
+    if not job.spec.get("entrypoint"):
+        raise InputError(f"job {job_id} runs a command, not a Python entrypoint: it returns no value", place="ID",
+                         hint=f"its output is in `slurmhet logs {job_id}`")
+    runs = sorted((p for p in job.slurm_jobs if p.role != "superseded"), key=lambda p: (p.submitted_at, p.id))
+    outcome = read_result(result_path(obj.settings.state_dir, job_id, runs[-1].slurm_job_id, rank)) if runs else None
+    if outcome is None:
+        err_console.print(f"slurmhet: failure: job {job_id} is {job.state.value} and left no result"
+                          + (f" for rank {rank}" if rank else "") + f" (see `slurmhet logs {job_id}`)", markup=False)
+        sys.exit(1)
+    if not outcome.ok:
+        err_console.print(outcome.traceback, markup=False, highlight=False)
+        err_console.print(f"slurmhet: failure: job {job_id} raised (traceback above)", markup=False)
+        sys.exit(1)
+    click.echo(json.dumps(outcome.value, default=repr) if as_json else repr(outcome.value))
 
 
 @main.command()

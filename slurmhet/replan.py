@@ -31,7 +31,8 @@ from slurmhet.store import Database, Job, JobState, SlurmJob, add_event, list_jo
 from slurmhet.store.lock import dispatch_lock
 from slurmhet.store.models import ClusterSnapshot, ProgressMark, ThroughputObservation
 from slurmhet.shared_cluster import SharedCluster, read_shared
-from slurmhet.submission import (PLACED, UNPLACED, Candidate, Dispatcher, candidate_of, describe, dispatches,
+from slurmhet.submission import (PLACED, UNPLACED, Candidate, Dispatcher, cancel_doomed, candidate_of,
+                                 dependency_verdicts, describe, dispatches,
                                  foreign_gpu_nodes, next_round, plan_for, render_parts, stored_allocation,
                                  unplaceable)
 from slurmhet.site_table import learned_table, site_table
@@ -315,7 +316,15 @@ class Replanner:
             rounds = {j.id: next_round(j) for j in mine if j.state in UNPLACED and next_round(j)}
             waiting = [w for w in (waiting_in_slurm(j) for j in mine) if w is not None]
             live_jobs = [j for j in jobs if not j.state.final]
-            candidates = [self._candidate(j, steps) for j in live_jobs]
+            held, doomed = dependency_verdicts(session, live_jobs)
+            mine_doomed = {j.id: doomed[j.id] for j in mine if j.id in doomed}
+            if dry_run:
+                result.actions += [f"would cancel job {i}: {why}" for i, why in mine_doomed.items()]
+            else:
+                result.actions += cancel_doomed(session, mine, mine_doomed)
+            live_jobs = [j for j in live_jobs if not j.state.final and j.id not in mine_doomed]
+            candidates = [c if c is None else replace(c, held=held.get(c.job_id, ""))
+                          for c in (self._candidate(j, steps) for j in live_jobs)]
             retry_capped = {j.id for j in mine if j.state is JobState.SUBMIT_FAILED and j.attempts >= MAX_SUBMIT_ATTEMPTS}
         candidates = [c for c in candidates if c is not None]
         if not candidates:

@@ -13,7 +13,7 @@ import re
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 import yaml
 
@@ -111,6 +111,9 @@ class JobSpec:
     profile_steps: int | None = None
     #: Jobs listed, cancelled and reported together (a sweep's variants get their sweep's name).
     group: str | None = None
+    #: Jobs this one starts after (each must complete first): names or groups in the same file, or
+    #: stored job ids (the store keeps ids only).
+    after: tuple[str | int, ...] = ()
     #: Where each field came from, "file:line:col"; for errors found later (cluster checks).
     places: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -165,6 +168,8 @@ class JobSpec:
             "profile_steps": self.profile_steps,
             "group": self.group,
         }
+        if self.after:
+            out["after"] = list(self.after)
         out.update({k: v for k, v in optional.items() if v is not None})
         if self.sbatch:
             out["sbatch"] = [f"--{k}={v}" if v is not None else f"--{k}" for k, v in self.sbatch]
@@ -311,7 +316,7 @@ class _Fields:
 JOB_FIELDS = (
     "name", "command", "entrypoint", "args", "workload", "work", "global_batch", "model_size_mb", "sync",
     "gpus", "weight", "priority", "colocate", "gpu_memory_gb", "checkpoint_dir", "time_limit", "sbatch", "env",
-    "profile_steps", "group", "sweep",
+    "profile_steps", "group", "sweep", "after",
 )
 
 
@@ -511,6 +516,59 @@ def _group(f: _Fields) -> str | None:
     return group
 
 
+def _after(f: _Fields) -> tuple[str | int, ...]:
+    """``after: [train, 12]``: job or group names of this file, or stored job ids."""
+    if not f.has("after"):
+        return ()
+    raw = f.get("after")
+    items = raw if isinstance(raw, list) else [raw]
+    out: list[str | int] = []
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, (str, int)) or (isinstance(item, int) and item < 1) \
+                or (isinstance(item, str) and not item.strip()):
+            raise f.fail("after", f"{item!r} is neither a job name nor a stored job id", "after: [train-resnet, 12]")
+        out.append(item.strip() if isinstance(item, str) else item)
+    return tuple(out)
+
+
+def check_after(specs: Sequence[JobSpec]) -> None:
+    """Names in ``after`` must be jobs or groups of the same file; no job may wait for itself, even round about."""
+    jobs = {s.name for s in specs}
+    groups: dict[str, list[str]] = {}
+    for s in specs:
+        if s.group:
+            groups.setdefault(s.group, []).append(s.name)
+    edges: dict[str, set[str]] = {}
+    for s in specs:
+        for item in s.after:
+            if isinstance(item, int):
+                continue
+            targets = [item] if item in jobs else groups.get(item)
+            if not targets:
+                close = difflib.get_close_matches(item, [s.name for s in specs] + list(groups), n=1)
+                raise InputError(f"job {s.name!r}: after {item!r}: no job or group of that name in this file",
+                                 place=s.place("after"), hint=f"did you mean '{close[0]}'?" if close else
+                                 "name a job of this file, or give a stored job id")
+            edges.setdefault(s.name, set()).update(targets)
+    state: dict[str, int] = {}
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for nxt in sorted(edges.get(name, ())):
+            if state.get(nxt) == 1:
+                cycle = path[path.index(nxt):] + [nxt] if nxt in path else [name, nxt]
+                spec = next(x for x in specs if x.name == name)
+                raise InputError(f"job {name!r}: after makes a cycle: {' -> '.join(cycle)}", place=spec.place("after"),
+                                 hint="a job cannot wait for itself")
+            if state.get(nxt) is None:
+                visit(nxt, path + [nxt])
+        state[name] = 2
+
+    for s in specs:
+        if state.get(s.name) is None:
+            visit(s.name, [s.name])
+
+
 def parse_job(data: Any, source: str, where: str = "") -> JobSpec:
     """Validate one job mapping; ``source`` names the file for error places."""
     f = _Fields(data, source, where, JOB_FIELDS)
@@ -552,6 +610,7 @@ def parse_job(data: Any, source: str, where: str = "") -> JobSpec:
         env=_env(f),
         profile_steps=f.integer("profile_steps"),
         group=_group(f),
+        after=_after(f),
         places=places,
     )
 
@@ -590,6 +649,7 @@ def load_text(text: str, source: str) -> list[JobSpec]:
             raise InputError(f"job name {spec.name!r} is used twice in this file", place=spec.place("name"),
                              hint="give every job its own name")
         seen[spec.name] = i
+    check_after(specs)
     return specs
 
 

@@ -13,9 +13,12 @@ from __future__ import annotations
 import os
 import pwd
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, Mapping, Sequence
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from slurmhet.cluster import Inventory, OpenWorld
 from slurmhet.config import Settings
@@ -37,6 +40,7 @@ from slurmhet.startup import StartupCosts, learned_startup
 from slurmhet.store import Database, Job, JobState, SlurmJob, add_event, create_job, get_job, list_jobs
 from slurmhet.store.lock import dispatch_lock
 from slurmhet.sync import adopt_orphans, ask_slurm, sync_jobs
+from slurmhet.dependencies import resolve, verdicts
 from slurmhet.site_table import learned_table, site_table, with_specs
 from slurmhet.throughput import ThroughputTable
 
@@ -126,6 +130,8 @@ class Candidate:
     owner: str = ""
     #: The Slurm pack job this job shares a GPU in: its members hold that GPU once, not once each.
     pack: str | None = None
+    #: Why it may not be placed yet although it could be: predecessors (``after:``) still to complete.
+    held: str = ""
 
 
 def running_allocation(planned: Allocation, running: Sequence[tuple[str, int, str]]) -> Allocation:
@@ -161,6 +167,28 @@ def stored_allocation(job: Job) -> Allocation | None:
     return running_allocation(Allocation(tuple((n, t, int(c)) for n, t, c in slots)), running)
 
 
+def dependency_verdicts(session: Session, jobs: Sequence[Job]) -> tuple[dict[int, str], dict[int, str]]:
+    """(held, doomed) for the live ``jobs`` with ``after:`` (slurmhet/dependencies.py), predecessors read
+    from the store."""
+    after = {j.id: [int(i) for i in j.spec.get("after") or ()] for j in jobs if not j.state.final
+             and j.spec.get("after")}
+    wanted = sorted({i for ids in after.values() for i in ids})
+    states = {row.id: (row.name, row.state) for row in session.execute(
+        select(Job.id, Job.name, Job.state).where(Job.id.in_(wanted)))} if wanted else {}
+    return verdicts(after, states)
+
+
+def cancel_doomed(session: Session, jobs: Sequence[Job], doomed: Mapping[int, str]) -> list[str]:
+    """Dependants whose predecessor failed: CANCELLED with the reason (held, they never reached Slurm)."""
+    actions = []
+    for job in jobs:
+        if job.id in doomed and not job.state.final:
+            job.state, job.reason = JobState.CANCELLED, doomed[job.id]
+            add_event(session, job, "cancelled", doomed[job.id])
+            actions.append(f"job {job.id} ({job.name}) {doomed[job.id]}")
+    return actions
+
+
 def candidate_of(job: Job, samples_done: float = 0.0) -> Candidate:
     spec = parse_job(job.spec, f"store:job {job.id}")
     current = stored_allocation(job) if job.state in PLACED else None
@@ -177,6 +205,9 @@ def unplaceable(candidates: Sequence[Candidate], inventory: Inventory) -> dict[i
     have = inventory.usable().gpus_by_type()
     out = {}
     for c in candidates:
+        if c.held and c.current is None:
+            out[c.job_id] = c.held
+            continue
         types = c.spec.gpus.types or tuple(have)
         capacity = sum(have.get(t, 0) for t in types)
         if c.current is None and capacity < c.spec.gpus.min:
@@ -474,7 +505,17 @@ def submit_new(db: Database | None, dispatcher_args: tuple[SlurmClient, SiteProf
                                 startup)
     assert db is not None
     with db.transaction() as session:
-        new_ids = [create_job(session, spec, owner, source).id for spec, source in specs]
+        created = [create_job(session, spec, owner, source) for spec, source in specs]
+        new_ids = [job.id for job in created]
+
+        def stored(job_id: int) -> tuple[str, str] | None:
+            job = session.get(Job, job_id)
+            return (job.owner, job.name) if job is not None else None
+
+        predecessors = resolve([(job.id, spec) for job, (spec, _) in zip(created, specs)], stored, owner)
+        for job in created:
+            if job.id in predecessors:  # the store keeps ids: names mean nothing outside their file
+                job.spec = {**job.spec, "after": list(predecessors[job.id])}
     with dispatch_lock(db, settings.state_dir, owner, wait=True):
         # Re-read under the lock (a concurrent submit or replan may have placed jobs meanwhile),
         # and refresh from Slurm so finished jobs no longer hold GPUs in the plan. Slurm is asked
@@ -485,20 +526,25 @@ def submit_new(db: Database | None, dispatcher_args: tuple[SlurmClient, SiteProf
             jobs = list_jobs(session, states=UNPLACED + PLACED)
             sync_jobs(session, jobs, view)
             adopt_orphans(session, [j for j in jobs if j.owner == owner], queue, db.instance, owner)
+            held, doomed = dependency_verdicts(session, jobs)
+            cancel_doomed(session, [j for j in jobs if j.owner == owner], doomed)
             # A concurrent submit or replan may already have placed some of our new jobs: they are now
             # pinned like any placed job, and reported as they stand instead of being submitted again.
             mine = [get_job(session, i) for i in new_ids]  # finished ones too: `jobs` holds live jobs only
             placed = {j.id: j for j in mine if j is not None and j.state not in UNPLACED}
-            existing = [candidate_of(j) for j in jobs
+            existing = [replace(candidate_of(j), held=held.get(j.id, "")) for j in jobs
                         if not j.state.final and (j.id not in set(new_ids) or j.id in placed)]
+            gone = {j.id for j in jobs if j.id in set(new_ids) and j.state.final}
             rounds = {j.id: next_round(j) for j in jobs if not j.state.final and next_round(j)}
             startup = learned_startup(session)
             already = {i: Outcome(i, j.name, j.state.value, sorted({p.slurm_job_id for p in j.slurm_jobs}),
                                   describe(stored_allocation(j))) for i, j in placed.items()}
+        already.update({i: Outcome(i, spec.name, JobState.CANCELLED.value, [], "", doomed.get(i, ""))
+                        for i, (spec, _) in zip(new_ids, specs) if i in gone})
         pending = [(i, spec) for i, spec in zip(new_ids, specs) if i not in already]
         outcomes = _plan_and_dispatch(db, (client, profile, settings, runner), existing, [i for i, _ in pending],
                                       [spec for _, spec in pending], owner, inventory, table, now, progress, rounds,
-                                      shared=shared, queue=queue, startup=startup)
+                                      shared=shared, queue=queue, startup=startup, held=held)
         by_id = {o.job_id: o for o in outcomes} | already
         return [by_id[i] for i in new_ids]
 
@@ -525,9 +571,10 @@ def _plan_and_dispatch(db: Database, dispatcher_args: tuple[SlurmClient, SitePro
                        owner: str, inventory: Inventory, table: ThroughputTable, now: float,
                        progress: Progress | None, rounds: dict[int, int] | None = None,
                        *, shared: SharedCluster, queue: Sequence[QueueRecord],
-                       startup: StartupCosts | None = None) -> list[Outcome]:
+                       startup: StartupCosts | None = None, held: Mapping[int, str] | None = None) -> list[Outcome]:
     client, profile, settings, runner = dispatcher_args
-    fresh = [Candidate(i, spec, now, owner=owner) for i, (spec, _) in zip(new_ids, specs)]
+    fresh = [Candidate(i, spec, now, owner=owner, held=(held or {}).get(i, ""))
+             for i, (spec, _) in zip(new_ids, specs)]
     plan = plan_for(existing + fresh, inventory, table, settings.default_policy, now, progress, shared,
                     startup=startup)
     # Everyone's jobs shape the plan; only the caller's own are submitted (sbatch runs as the caller).
