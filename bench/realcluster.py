@@ -145,7 +145,7 @@ def slurm_chooses_request(job_id: int, spec: JobSpec, log_dir: str, launcher: Se
     script = render("batch.sh.j2", job_id=job_id, name=spec.name, gpu_type=" or ".join(types) + ", chosen by Slurm",
                     tasks=n, env=(("SLURMHET_JOB_ID", str(job_id)), ("SLURMHET_NODE_GPU_TYPES", node_map),
                                   *env, *spec.env),
-                    launcher=tuple(launcher), program=spec.command)
+                    launcher=tuple(launcher), program=spec.command, modules=spec.modules, srun_options=())
     return Materialized(tuple(opts), script)
 
 

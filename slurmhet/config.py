@@ -33,6 +33,7 @@ class SlurmOverrides:
     accounting: bool | None = None
     partition: str | None = None
     command_timeout_s: float = 30.0
+    container_runtime: str | None = None  # "pyxis", "apptainer", "singularity" or "none"
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,10 @@ def _apply(settings: Settings, data: Mapping[str, Any], source: str) -> Settings
             style = value.get("gpu_request_style")
             if style not in (None, "gres", "gpus-per-node"):
                 raise InputError(f"slurm.gpu_request_style {style!r}", place=source, hint="gres | gpus-per-node")
+            runtime = value.get("container_runtime")
+            if runtime not in (None, "pyxis", "apptainer", "singularity", "none"):
+                raise InputError(f"slurm.container_runtime {runtime!r}", place=source,
+                                 hint="pyxis | apptainer | singularity | none")
             changes["slurm"] = replace(settings.slurm, **value)
         elif key in ("state_dir", "throughput_table"):
             changes[key] = Path(str(value)).expanduser() if value is not None else None

@@ -27,9 +27,13 @@ SYNC_MODES = ("allreduce", "ps", "local-sgd")
 #: sbatch options slurmhet sets itself, with the reason shown when a user sets one.
 MANAGED_SBATCH: Mapping[str, str] = {
     **dict.fromkeys(
-        ("gres", "gpus", "G", "gpus-per-node", "gpus-per-task", "gpus-per-socket", "mem-per-gpu"),
+        ("gres", "gpus", "G", "gpus-per-node", "gpus-per-task", "gpus-per-socket"),
         "the planner chooses GPU types and counts; use 'gpus: {min, max, types}'",
     ),
+    **dict.fromkeys(("cpus-per-gpu", "cpus-per-task", "c", "mem-per-gpu", "mem-per-cpu", "mem"),
+                    "the planner must see them to fit nodes; use 'cpus_per_gpu:' and 'mem_per_gpu:'"),
+    **dict.fromkeys(("chdir", "D"), "use the spec's 'workdir:' field"),
+    **dict.fromkeys(("container-image",), "use the spec's 'container:' field"),
     **dict.fromkeys(("constraint", "C", "nodelist", "w", "nodes", "N"), "the planner chooses the nodes"),
     **dict.fromkeys(("ntasks", "n", "ntasks-per-node"), "slurmhet launches one task per planned GPU"),
     **dict.fromkeys(("array", "a"), "slurmhet builds arrays itself (forked copies, chunking)"),
@@ -114,6 +118,13 @@ class JobSpec:
     #: Jobs this one starts after (each must complete first): names or groups in the same file, or
     #: stored job ids (the store keeps ids only).
     after: tuple[str | int, ...] = ()
+    #: CPUs and memory (MB) per GPU: one task per GPU gets them; the planner fits them to nodes.
+    cpus_per_gpu: int | None = None
+    mem_per_gpu_mb: int | None = None
+    #: Where the command runs (``--chdir``); a container image and environment modules to load first.
+    workdir: str | None = None
+    container: str | None = None
+    modules: tuple[str, ...] = ()
     #: Where each field came from, "file:line:col"; for errors found later (cluster checks).
     places: Mapping[str, str] = field(default_factory=dict, compare=False, hash=False, repr=False)
 
@@ -170,6 +181,11 @@ class JobSpec:
         }
         if self.after:
             out["after"] = list(self.after)
+        resources = {"cpus_per_gpu": self.cpus_per_gpu, "workdir": self.workdir, "container": self.container,
+                     "mem_per_gpu": f"{self.mem_per_gpu_mb}M" if self.mem_per_gpu_mb else None}
+        out.update({k: v for k, v in resources.items() if v is not None})
+        if self.modules:
+            out["modules"] = list(self.modules)
         out.update({k: v for k, v in optional.items() if v is not None})
         if self.sbatch:
             out["sbatch"] = [f"--{k}={v}" if v is not None else f"--{k}" for k, v in self.sbatch]
@@ -316,7 +332,8 @@ class _Fields:
 JOB_FIELDS = (
     "name", "command", "entrypoint", "args", "workload", "work", "global_batch", "model_size_mb", "sync",
     "gpus", "weight", "priority", "colocate", "gpu_memory_gb", "checkpoint_dir", "time_limit", "sbatch", "env",
-    "profile_steps", "group", "sweep", "after",
+    "profile_steps", "group", "sweep", "after", "cpus_per_gpu", "mem_per_gpu", "workdir", "container", "modules",
+    "partition", "account", "qos",
 )
 
 
@@ -516,6 +533,60 @@ def _group(f: _Fields) -> str | None:
     return group
 
 
+_MEMORY = re.compile(r"^(\d+)\s*([KMGT]?)B?$", re.IGNORECASE)
+_MB_PER = {"K": 1 / 1024, "": 1, "M": 1, "G": 1024, "T": 1024 * 1024}
+
+
+def _memory(f: _Fields, key: str) -> int | None:
+    """Memory as Slurm writes it (``16G``, ``500M``, ``2048`` = MB), in MB."""
+    if not f.has(key):
+        return None
+    raw = f.get(key)
+    match = _MEMORY.match(str(raw).strip()) if isinstance(raw, (int, str)) and not isinstance(raw, bool) else None
+    mb = int(-(-int(match.group(1)) * _MB_PER[match.group(2).upper()] // 1)) if match else 0
+    if mb < 1:
+        raise f.fail(key, f"{raw!r} is not an amount of memory", f"{key}: 16G (K, M, G, T; a bare number is MB)")
+    return mb
+
+
+def _line(f: _Fields, key: str, hint: str) -> str | None:
+    value = f.string(key)
+    if value is not None and any(c in value for c in "\n\r\x00"):
+        raise f.fail(key, "has a line break", hint)
+    return value.strip() if value is not None else None
+
+
+_MODULE = re.compile(r"^[A-Za-z0-9_.+/:@-]+$")
+
+
+def _modules(f: _Fields) -> tuple[str, ...]:
+    """``modules: [cuda/12.4, nccl]``: loaded with ``module load`` before the command, in this order."""
+    if not f.has("modules"):
+        return ()
+    raw = f.get("modules")
+    items = raw if isinstance(raw, list) else [raw]
+    for item in items:
+        if not isinstance(item, str) or not _MODULE.match(item):
+            raise f.fail("modules", f"{item!r} is not a module name", "modules: [cuda/12.4, gcc/13]")
+    return tuple(items)
+
+
+def _placement_options(f: _Fields, sbatch: tuple[tuple[str, str | None], ...]) -> tuple[tuple[str, str | None], ...]:
+    """``partition:``, ``account:``, ``qos:`` as the sbatch options they are (checked like them against what
+    the user may use); one given both ways is refused."""
+    out: list[tuple[str, str | None]] = []
+    for key, short in (("partition", "p"), ("account", "A"), ("qos", "q")):
+        value = _line(f, key, f"{key}: name")
+        if value is None:
+            continue
+        if not re.fullmatch(r"[A-Za-z0-9_.,-]+", value):
+            raise f.fail(key, f"{value!r} is not a {key} name", f"{key}: name")
+        if any(name in (key, short) for name, _ in sbatch):
+            raise f.fail(key, f"{key} is given both here and in 'sbatch:'", f"keep one: {key}: {value}")
+        out.append((key, value))
+    return tuple(out)
+
+
 def _after(f: _Fields) -> tuple[str | int, ...]:
     """``after: [train, 12]``: job or group names of this file, or stored job ids."""
     if not f.has("after"):
@@ -585,6 +656,10 @@ def parse_job(data: Any, source: str, where: str = "") -> JobSpec:
     if sync not in SYNC_MODES:
         close = difflib.get_close_matches(str(sync), SYNC_MODES, n=1)
         raise f.fail("sync", f"unknown sync mode {sync!r}", f"did you mean '{close[0]}'?" if close else " | ".join(SYNC_MODES))
+    sbatch = _sbatch(f)
+    if f.boolean("colocate", False) and (f.has("container") or f.has("modules")):
+        raise f.fail("colocate", "co-located jobs share one process tree under MPS: a container or modules per "
+                     "job cannot apply", "drop colocate, or the container/modules")
     places = {"": _fmt(getattr(data, "mark", None), source)}
     places.update({str(k): f.value_place(k) for k in data})
     return JobSpec(
@@ -606,11 +681,16 @@ def parse_job(data: Any, source: str, where: str = "") -> JobSpec:
         gpu_memory_gb=f.number("gpu_memory_gb"),
         checkpoint_dir=f.string("checkpoint_dir"),
         time_limit_min=_time_limit(f),
-        sbatch=_sbatch(f),
+        sbatch=sbatch + _placement_options(f, sbatch),
         env=_env(f),
         profile_steps=f.integer("profile_steps"),
         group=_group(f),
         after=_after(f),
+        cpus_per_gpu=f.integer("cpus_per_gpu"),
+        mem_per_gpu_mb=_memory(f, "mem_per_gpu"),
+        workdir=_line(f, "workdir", "workdir: /scratch/me/run1"),
+        container=_line(f, "container", "container: nvcr.io/nvidia/pytorch:24.05-py3"),
+        modules=_modules(f),
         places=places,
     )
 
@@ -673,6 +753,16 @@ def load_file(path: str | Path) -> list[JobSpec]:
     return load_text(text, str(path))
 
 
+def per_node_fit(spec: JobSpec, cpus: int, memory_mb: int) -> int:
+    """How many of the spec's GPUs a node's CPUs and memory can feed (unknown sizes do not limit)."""
+    fits = [1 << 30]
+    if spec.cpus_per_gpu and cpus:
+        fits.append(cpus // spec.cpus_per_gpu)
+    if spec.mem_per_gpu_mb and memory_mb:
+        fits.append(memory_mb // spec.mem_per_gpu_mb)
+    return min(fits)
+
+
 def check_against_cluster(spec: JobSpec, inventory: Inventory) -> None:
     """Refuse GPU types the cluster lacks and requests larger than the cluster."""
     have = inventory.gpus_by_type()
@@ -684,6 +774,15 @@ def check_against_cluster(spec: JobSpec, inventory: Inventory) -> None:
             hint=(f"did you mean '{close[0]}'? " if close else "") + "the cluster has " + ", ".join(have),
         )
     allowed = spec.gpus.types or tuple(have)
+    if spec.cpus_per_gpu or spec.mem_per_gpu_mb:
+        fit = {t: sum(min(n.gpus.get(t, 0), per_node_fit(spec, n.cpus, n.memory_mb)) for n in inventory.nodes)
+               for t in allowed}
+        if not any(fit.values()):
+            field_name = "cpus_per_gpu" if spec.cpus_per_gpu else "mem_per_gpu"
+            raise InputError(f"job {spec.name!r}: no node of its GPU types has the CPUs and memory for one GPU "
+                             f"({spec.cpus_per_gpu or '-'} CPUs, {spec.mem_per_gpu_mb or '-'} MB per GPU)",
+                             place=spec.place(field_name), hint="ask for less per GPU, or allow other GPU types")
+        have = {t: fit.get(t, 0) for t in have}
     capacity = sum(have[t] for t in allowed)
     if spec.gpus.min > capacity:
         raise InputError(

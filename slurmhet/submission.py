@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 from slurmhet.cluster import Inventory, OpenWorld
 from slurmhet.config import Settings
-from slurmhet.emit.from_plan import EmitSettings, pack_parts, requests_for
+from slurmhet.emit.from_plan import EmitSettings, container_runtime_for, pack_parts, requests_for
 from slurmhet.emit.multipart import MultiPartOutcome, MultiPartSubmitter, Part
 from slurmhet.errors import InputError
 from slurmhet.forking import DEFAULT_ROUND_S, ForkedJob, job_forker
@@ -484,6 +484,8 @@ def submit_new(db: Database | None, dispatcher_args: tuple[SlurmClient, SiteProf
     client, profile, settings, runner = dispatcher_args
     for spec, _ in specs:
         check_against_cluster(spec, inventory.usable())
+        if spec.container:
+            container_runtime_for(spec, profile)
     table = site_table(settings)
     if db is not None:
         with db.snapshot() as session:

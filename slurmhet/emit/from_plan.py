@@ -84,7 +84,36 @@ def _common(job_id: int, spec: JobSpec, settings: EmitSettings, gpu_type: str | 
     return Common(job_id=job_id, name=spec.name, log_dir=settings.log_dir, time_limit_min=spec.time_limit_min,
                   store_tag=settings.store_tag,
                   partition=partition_for(spec, settings, gpu_type), extra=spec.sbatch, also=also,
-                  spank=bool(profile is not None and profile.spank_plugin))
+                  spank=bool(profile is not None and profile.spank_plugin), cpus_per_gpu=spec.cpus_per_gpu,
+                  mem_per_gpu_mb=spec.mem_per_gpu_mb, workdir=spec.workdir)
+
+
+def container_runtime_for(spec: JobSpec, profile: SiteProfile | None) -> str:
+    """The runtime that will run the spec's container; a site without one refuses the spec (exit 2)."""
+    runtime = profile.container_runtime if profile is not None else "none"
+    if runtime not in ("pyxis", "apptainer", "singularity"):
+        raise InputError(f"job {spec.name!r} asks for a container and this site has no container runtime "
+                         "slurmhet knows", place=spec.place("container") or f"{spec.name}.container",
+                         hint="pyxis (sbatch --help lists --container-image) or apptainer/singularity on PATH; "
+                              "or set slurm.container_runtime")
+    return runtime
+
+
+def _launch(spec: JobSpec, settings: EmitSettings, profile: SiteProfile | None) -> Launch:
+    """The program, its modules, and its container as the site runs containers (the site profile says how).
+
+    pyxis starts the srun step in the image, launcher included: the image must have slurmhet installed,
+    and its own ``python`` runs it. Apptainer/Singularity wrap the program under slurmhet's launcher.
+    """
+    env, program, launcher, srun_options = _spec_env(spec, settings), spec.command, settings.launcher, ()
+    if spec.container:
+        runtime = container_runtime_for(spec, profile)
+        if runtime == "pyxis":
+            srun_options = (f"--container-image={spec.container}",)
+            launcher = ("python", "-m", "slurmhet", "run", "--")
+        else:
+            program = (runtime, "exec", "--nv", spec.container, *program)
+    return Launch(program=program, launcher=launcher, env=env, modules=spec.modules, srun_options=srun_options)
 
 
 def _spec_env(spec: JobSpec, settings: EmitSettings) -> tuple[tuple[str, str], ...]:
@@ -131,7 +160,7 @@ def requests_for(job_id: int, spec: JobSpec, job_plan: JobPlan, profile: SitePro
     """The parts that run ``job_plan`` (``copies``: HadarE's forked copies this round, one allocation each;
     ``round_steps``: each copy's share of the round's steps, exported as ``SLURMHET_ROUND_STEPS``;
     ``inventory``: the cluster's nodes, which say whether het components must be pinned)."""
-    launch = Launch(program=spec.command, launcher=settings.launcher, env=_spec_env(spec, settings))
+    launch = _launch(spec, settings, profile)
     if len(copies) > 1:
         if round_steps and len(round_steps) != len(copies):
             raise InputError(f"{len(round_steps)} round step counts for {len(copies)} copies", place=f"job {job_id}",

@@ -32,6 +32,10 @@ class Launch:
     program: tuple[str, ...]  # the user's argv (or the entrypoint runner's)
     launcher: tuple[str, ...]  # e.g. (python, -m, slurmhet, run, --)
     env: tuple[tuple[str, str], ...] = ()
+    #: Environment modules the script loads before srun (the spec's ``modules:``).
+    modules: tuple[str, ...] = ()
+    #: Extra srun options (pyxis's ``--container-image``).
+    srun_options: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,11 @@ class Common:
     spank: bool = False
     #: The store's instance id: job ids are per store, so the tag says whose ids these are.
     store_tag: str = ""
+    #: One task per GPU: the spec's CPUs and memory per GPU are per task (``--cpus-per-task``,
+    #: ``--mem-per-cpu``), which every GPU request style and every part shape accepts.
+    cpus_per_gpu: int | None = None
+    mem_per_gpu_mb: int | None = None
+    workdir: str | None = None
 
     def options(self, log_pattern: str = "%j") -> list[str]:
         """Shared options; arrays pass ``%A_%a`` so a task's log names its array and index."""
@@ -68,6 +77,12 @@ class Common:
             opts.append(f"--partition={self.partition}")
         if self.spank:
             opts.append(f"--slurmhet-job={self.job_id}")
+        if self.cpus_per_gpu:
+            opts.append(f"--cpus-per-task={self.cpus_per_gpu}")
+        if self.mem_per_gpu_mb:
+            opts.append(f"--mem-per-cpu={-(-self.mem_per_gpu_mb // (self.cpus_per_gpu or 1))}M")
+        if self.workdir:
+            opts.append(f"--chdir={self.workdir}")
         opts += [f"--{k}={v}" if v is not None else f"--{k}" for k, v in self.extra]
         return opts
 
@@ -177,6 +192,8 @@ class BatchRequest:
             + self.launch.env,
             launcher=self.launch.launcher,
             program=self.launch.program,
+            modules=self.launch.modules,
+            srun_options=self.launch.srun_options,
         )
         return Materialized(tuple(opts), script)
 
@@ -220,6 +237,8 @@ class HetJobRequest:
             env=plan_env(self.common.job_id, self.shard_weights, rank_types, self.plan_env) + self.launch.env,
             launcher=self.launch.launcher,
             program=self.launch.program,
+            modules=self.launch.modules,
+            srun_options=self.launch.srun_options,
         )
         return Materialized(tuple(argv), script)
 
@@ -301,6 +320,8 @@ class ArrayRequest:
             env=env + self.launch.env,
             launcher=self.launch.launcher,
             program=self.launch.program,
+            modules=self.launch.modules,
+            srun_options=self.launch.srun_options,
         )
         return Materialized(tuple(opts), script)
 

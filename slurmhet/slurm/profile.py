@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -30,6 +31,8 @@ class SiteProfile:
     has_mps: bool
     has_shard: bool
     conf_stamp: str = ""
+    #: How jobs run container images: "pyxis" (srun --container-image), "apptainer"/"singularity", or "none".
+    container_runtime: str = "none"
 
     @property
     def major(self) -> int:
@@ -63,21 +66,31 @@ def probe(client: SlurmClient) -> SiteProfile:
     max_array = int(config.get("MaxArraySize", "1001"))
     nodes = client.nodes()
     style = "gpus-per-node" if "cons_tres" in config.get("SelectType", "") else "gres"
+    sbatch_help = client.sbatch_help()
     return SiteProfile(
         slurm_version=version,
         accounting=accounting,
         max_array_size=max(1, max_array),
         max_submit_jobs=_UNLIMITED_SUBMIT,
         gpu_request_style=style,
-        spank_plugin="--slurmhet-mps" in client.sbatch_help(),
+        spank_plugin="--slurmhet-mps" in sbatch_help,
+        container_runtime=container_runtime(sbatch_help),
         has_mps=any(n.mps for n in nodes),
         has_shard=any(n.shards for n in nodes),
         conf_stamp=_conf_stamp(),
     )
 
 
+def container_runtime(sbatch_help: str) -> str:
+    """pyxis when its SPANK options are in ``sbatch --help``, else apptainer/singularity when on PATH, else none."""
+    if "--container-image" in sbatch_help:
+        return "pyxis"
+    return next((name for name in ("apptainer", "singularity") if shutil.which(name)), "none")
+
+
 def apply_overrides(profile: SiteProfile, overrides: SlurmOverrides) -> SiteProfile:
     changes = {
+        "container_runtime": overrides.container_runtime,
         "gpu_request_style": overrides.gpu_request_style,
         "max_array_size": overrides.max_array_size,
         "max_submit_jobs": overrides.max_submit_jobs,

@@ -39,13 +39,15 @@ DEV_PARTITIONS = {"v100": "v100", "t4": "t4", "k80": "k80"}
 
 
 def _planned(slots: tuple[tuple[str, str, int], ...], nodes: tuple[Node, ...] = DEV_NODES,
-             sbatch: tuple[tuple[str, str | None], ...] = ()) -> BatchRequest | HetJobRequest:
+             sbatch: tuple[tuple[str, str | None], ...] = (), runtime: str = "none",
+             **fields: object) -> BatchRequest | HetJobRequest:
     """What from_plan emits for a plan on ``nodes``: shows where it pins nodes and picks partitions."""
     spec = JobSpec(name="resnet18", workload=Workload("ResNet-18", 64), global_batch=64,
-                   command=("python", "train.py"), steps=10, gpus=GpuRequest(1, 8), time_limit_min=90, sbatch=sbatch)
+                   command=("python", "train.py"), steps=10, gpus=GpuRequest(1, 8), time_limit_min=90, sbatch=sbatch,
+                   **fields)  # type: ignore[arg-type]
     plan = JobPlan("42", Allocation(slots), (), 1.0, 1.0, 0.0, 1.0, 1.0, 0)
     settings = EmitSettings("/var/log/slurmhet", LAUNCHER, SLURMHET, partitions=DEV_PARTITIONS)
-    profile = SiteProfile("22.05.8", True, 1001, 10**6, "gres", False, True, True)
+    profile = SiteProfile("22.05.8", True, 1001, 10**6, "gres", False, True, True, container_runtime=runtime)
     request = requests_for(42, spec, plan, profile, settings, inventory=Inventory(nodes))[0].request
     assert isinstance(request, (BatchRequest, HetJobRequest))
     return request
@@ -109,6 +111,13 @@ CASES: dict[str, BatchRequest | HetJobRequest | ArrayRequest | ConsolidationRequ
                                      DEV_NODES + (Node("nodem", {"v100": 2, "t4": 2}),)),
     # The spec's own --partition wins over the type's, once per component.
     "plan-het-spec-partition": _planned((("nodea", "v100", 2), ("nodeb", "t4", 1)), sbatch=(("partition", "mine"),)),
+    # Resources and environment: CPUs and memory per task (= per GPU), the working directory, modules, and a
+    # container as each runtime runs it (pyxis: the srun step in the image; apptainer: the program wrapped).
+    "plan-batch-resources-pyxis": _planned((("nodea", "v100", 2),), runtime="pyxis", cpus_per_gpu=2,
+                                           mem_per_gpu_mb=3000, workdir="/scratch/it's here",
+                                           modules=("cuda/12.4", "nccl"), container="nvcr.io/nvidia/pytorch:24.05-py3"),
+    "plan-het-apptainer": _planned((("nodea", "v100", 2), ("nodeb", "t4", 1)), runtime="apptainer",
+                                   container="/images/torch.sif", modules=("cuda/12.4",), cpus_per_gpu=1),
 }
 
 

@@ -18,6 +18,12 @@ jobs:
     command: python train.py --lr '0.1 x'
     workload: {model: ResNet-18, batch_size: 64, samples_per_s_hint: {T4: 900}, precision: mixed,
                arithmetic_intensity: 40}
+    cpus_per_gpu: 4
+    mem_per_gpu: 16G
+    workdir: /scratch/me
+    modules: [cuda/12.4]
+    container: /images/torch.sif
+    partition: gpu
     work: {epochs: 2, dataset_size: 50000}
     gpus: {min: 1, max: 4, types: [V100, t4]}
     sbatch: ['--account=ml', '--exclusive']
@@ -41,7 +47,9 @@ def test_good_file_parses_to_typed_specs() -> None:
     assert a.total_samples == 100000 and a.time_limit_min == 90
     assert a.workload.samples_per_s_hint == (("t4", 900.0),) and a.workload.precision == "mixed"
     assert a.workload.arithmetic_intensity == 40.0 and b.workload.precision == "fp32"
-    assert a.sbatch == (("account", "ml"), ("exclusive", None))
+    assert (a.cpus_per_gpu, a.mem_per_gpu_mb, a.workdir, a.modules, a.container) == (
+        4, 16384, "/scratch/me", ("cuda/12.4",), "/images/torch.sif")
+    assert a.sbatch == (("account", "ml"), ("exclusive", None), ("partition", "gpu"))  # the field is the option
     assert b.workload.key == "LM (batch size 20)" and b.total_samples == 80000
     assert b.forkable and b.colocate and b.env == (("OMP_NUM_THREADS", "4"),)
     assert b.entrypoint == "mypkg.train:main" and b.args == (1, "two")
@@ -81,6 +89,16 @@ BASE = "name: a\ncommand: x\nworkload: {model: m, batch_size: 2}\nwork: {steps: 
         (BASE.replace("batch_size: 2}", "batch_size: 2, samples_per_s_hint: [900]}"), "f.yaml:3:",
          "must map GPU types to samples/s"),
         (BASE.replace("batch_size: 2}", "batch_size: 2, precision: fp8}"), "f.yaml:3:", "unknown precision"),
+        (BASE + "cpus_per_gpu: 0\n", "f.yaml:5:", "must be >= 1"),
+        (BASE + "mem_per_gpu: 12X\n", "f.yaml:5:", "is not an amount of memory"),
+        (BASE + "mem_per_gpu: 0G\n", "f.yaml:5:", "is not an amount of memory"),
+        (BASE + "modules: ['cuda 12']\n", "f.yaml:5:", "is not a module name"),
+        (BASE + 'workdir: "a\\nb"\n', "f.yaml:5:", "line break"),
+        (BASE + "account: ml\nsbatch: ['--account=ml']\n", "f.yaml:5:", "given both here and in 'sbatch:'"),
+        (BASE + "qos: 'high; rm'\n", "f.yaml:5:", "is not a qos name"),
+        (BASE + "colocate: true\ncontainer: img.sif\n", "f.yaml:5:", "co-located jobs share"),
+        (BASE + "sbatch: ['--cpus-per-gpu=2']\n", "f.yaml:5:", "use 'cpus_per_gpu:'"),
+        (BASE + "sbatch: ['--chdir=/x']\n", "f.yaml:5:", "use the spec's 'workdir:'"),
         (BASE.replace("batch_size: 2}", "batch_size: 2, arithmetic_intensity: -3}"), "f.yaml:3:", "must be > 0"),
         ("jobs: []\n", "f.yaml:1:", "non-empty list"),
         ("jobs:\n  - " + BASE.replace("\n", "\n    ").rstrip() + "\n  - " + BASE.replace("\n", "\n    ").rstrip() + "\n",
@@ -95,6 +113,20 @@ def test_bad_input_names_place_and_hint(text: str, place: str, words: str) -> No
     assert words in message
     assert "(hint: " in message
     assert "\n" not in message.split(" (hint:")[0]
+
+
+def test_cpus_and_memory_per_gpu_must_fit_some_node() -> None:
+    from slurmhet.cluster import Inventory, Node
+
+    inv = Inventory((Node("nodea", {"v100": 4}, cpus=4, memory_mb=4000), Node("nodeb", {"t4": 4}, cpus=16)))
+    spec = load_text(BASE + "cpus_per_gpu: 8\ngpus: {min: 1, max: 1, types: [v100]}\n", "f.yaml")[0]
+    with pytest.raises(InputError, match="no node of its GPU types has the CPUs and memory for one GPU") as info:
+        check_against_cluster(spec, inv)
+    assert str(info.value).startswith("f.yaml:5:")
+    two = load_text(BASE + "cpus_per_gpu: 2\nmem_per_gpu: 1G\ngpus: {min: 3, max: 4, types: [v100]}\n", "f.yaml")[0]
+    with pytest.raises(InputError, match="at least 3 GPUs but the cluster has 2"):  # 4 CPUs feed 2 GPUs
+        check_against_cluster(two, inv)
+    check_against_cluster(load_text(BASE + "cpus_per_gpu: 4\n", "f.yaml")[0], inv)  # t4 nodes have the CPUs
 
 
 def test_cluster_checks_type_and_size() -> None:
