@@ -60,3 +60,11 @@ def verdicts(after: Mapping[int, Sequence[int]], states: Mapping[int, tuple[str,
             if waiting:
                 held[job_id] = "waits for " + ", ".join(waiting) + " to complete (after:)"
     return held, doomed
+
+
+def preview_hold(spec: JobSpec) -> str:
+    """For a plan that runs nothing (`plan`, `submit --dry-run`): a job with ``after:`` is held until its
+    predecessors complete, which none of them has yet in a preview."""
+    if not spec.after:
+        return ""
+    return "waits for " + ", ".join(str(a) for a in spec.after) + " to complete (after:)"

@@ -159,7 +159,9 @@ def reason(chosen: Option | None, opts: Sequence[Option], chosen_label: str = ""
     if not rivals:
         return f"{label} is the only option"
     best = min(rivals, key=lambda o: o.finish_s)
-    if chosen.finish_s <= best.finish_s + 1.0:
+    if abs(chosen.finish_s - best.finish_s) < 1.0:
+        return f"{label} and {best.label} finish within a second of each other"
+    if chosen.finish_s <= best.finish_s:
         return (f"{label} finishes first: the next best, {best.label}, would finish {_span(best.finish_s - chosen.finish_s)}"
                 " later" + ("" if best.start_s > chosen.start_s + 1.0 else
                             f" (it runs {_span(best.run_s - chosen.run_s)} longer)"))

@@ -2,7 +2,7 @@
 
 A profiling run is an ordinary stored slurmhet job (one GPU of one type, no
 co-location, no forking, no checkpoint directory: it must not touch the real
-job's checkpoints), so submission, sync, logs and fault handling are the
+job's checkpoints; no group and no ``after:``, it measures and waits for nobody), so submission, sync, logs and fault handling are the
 ones every job has. The launcher stops its command once the progress records
 show ``steps`` steps measured (``SLURMHET_PROFILE_STEPS``); the spec's time
 limit caps a run that is slower than that. The measured rate is stored as a
@@ -64,7 +64,8 @@ def profile_runs(specs: Sequence[JobSpec], cluster_types: Sequence[str], only: S
             runs.append(ProfileRun(spec.name, gpu, replace(
                 spec, name=f"{spec.name}{SUFFIX}{gpu}", gpus=GpuRequest(1, 1, (gpu,)), colocate=False,
                 sync="allreduce", checkpoint_dir=None, steps=steps, epochs=None, dataset_size=None,
-                time_limit_min=minutes, profile_steps=steps)))
+                time_limit_min=minutes, profile_steps=steps, group=None, after=())))  # not of the job's group;
+                # a measurement waits for nobody
     return runs
 
 

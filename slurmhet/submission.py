@@ -40,7 +40,7 @@ from slurmhet.startup import StartupCosts, learned_startup
 from slurmhet.store import Database, Job, JobState, SlurmJob, add_event, create_job, get_job, list_jobs
 from slurmhet.store.lock import dispatch_lock
 from slurmhet.sync import adopt_orphans, ask_slurm, sync_jobs
-from slurmhet.dependencies import resolve, verdicts
+from slurmhet.dependencies import preview_hold, resolve, verdicts
 from slurmhet.site_table import learned_table, site_table, with_specs
 from slurmhet.throughput import ThroughputTable
 
@@ -557,15 +557,17 @@ def dry_run_outcomes(specs: Sequence[tuple[JobSpec, str]], existing: Sequence[Ca
                      startup: StartupCosts | None = None) -> list[Outcome]:
     """`submit --dry-run`: plan ``specs`` beside ``existing`` and render what would be submitted; stores and
     submits nothing (also without Slurm: ``shared`` None plans for ``inventory`` alone)."""
-    fresh = [Candidate(-(i + 1), spec, now, owner=owner) for i, (spec, _) in enumerate(specs)]
+    fresh = [Candidate(-(i + 1), spec, now, owner=owner, held=preview_hold(spec)) for i, (spec, _) in enumerate(specs)]
     plan = plan_for([*existing, *fresh], inventory, table, settings.default_policy, now, progress, shared,
                     startup=startup)
     ready = {c.job_id: c.spec for c in fresh}
     rendered = {d.job_ids[0]: render_parts(d.parts)
                 for d in dispatches(plan, ready, profile, settings, inventory, table=table,
                                     partitions=shared.partitions() if shared else None)}
-    return [Outcome(c.job_id, c.spec.name, "DRY_RUN", [], describe(plan.job(str(c.job_id)).allocation),
-                    plan.job(str(c.job_id)).wait_reason or "", rendered.get(c.job_id, [])) for c in fresh]
+    waiting = unplaceable(fresh, inventory)  # held by after:, or too big for the usable nodes now: not planned
+    return [Outcome(c.job_id, c.spec.name, "DRY_RUN", [], "waiting", waiting[c.job_id]) if c.job_id in waiting
+            else Outcome(c.job_id, c.spec.name, "DRY_RUN", [], describe(plan.job(str(c.job_id)).allocation),
+                         plan.job(str(c.job_id)).wait_reason or "", rendered.get(c.job_id, [])) for c in fresh]
 
 
 def _plan_and_dispatch(db: Database, dispatcher_args: tuple[SlurmClient, SiteProfile, Settings, SlurmRunner],

@@ -27,6 +27,19 @@ if TYPE_CHECKING:
     from slurmhet.throughput import ThroughputTable
 
 
+#: A job held by ``after:`` waits for jobs, not GPUs: no Slurm reason, start or GPU story to tell.
+_NOT_WAITING_FOR_GPUS = {"slurm_reason": "", "slurm_expected_start": None, "planned_start": None, "why": ""}
+
+
+def _pending_reason(job: Any, held: dict[int, str]) -> str:
+    """A stored job's reason, with ``after:`` holds as they stand now rather than at the last plan."""
+    if job.id in held:
+        return held[job.id]
+    if job.reason.endswith("(after:)"):
+        return "its predecessors completed: the next `slurmhet replan` plans it"
+    return job.reason
+
+
 def _visible_jobs(obj: Context, session: Any, all_users: bool) -> list[Any]:
     from slurmhet.submission import current_user
 
@@ -44,7 +57,7 @@ def _visible_jobs(obj: Context, session: Any, all_users: bool) -> list[Any]:
 def status(obj: Context, job_id: int | None, as_json: bool, all_users: bool) -> None:
     """Your jobs and their Slurm parts, refreshed from Slurm, with why each waiting job waits;
     with an ID, that job in full (spec, plan, speeds, Slurm parts, times, log files, events)."""
-    from slurmhet.submission import current_user
+    from slurmhet.submission import current_user, dependency_verdicts
     from slurmhet.sync import fetch_view, sync_jobs
 
     if job_id is not None:
@@ -63,15 +76,16 @@ def status(obj: Context, job_id: int | None, as_json: bool, all_users: bool) -> 
     with obj.db.transaction() as session:
         jobs = _visible_jobs(obj, session, all_users)
         sync_jobs(session, jobs, view)
+        held, _ = dependency_verdicts(session, jobs)  # predecessors as they stand now, not at the last plan
         rows = [{
             "id": j.id, "name": j.name, "owner": j.owner, "group": j.spec.get("group"), "state": j.state.value,
-            "reason": j.reason,
+            "reason": _pending_reason(j, held) if j.state is JobState.PENDING else j.reason,
             "slurm": [{"id": p.slurm_job_id, "role": p.role, "het_offset": p.het_offset, "array_task": p.array_task,
                        "gpu_type": p.gpu_type, "gpus": p.gpu_count, "state": p.state, "nodes": p.nodes,
                        "reason": p.reason} for p in j.slurm_jobs],
             "throughput_priors": list((j.plan or {}).get("priors") or ()),
             "logs": [str(part.path) for part in _log_parts(obj, j, files)],
-            **_waiting_view(j, context),
+            **(_waiting_view(j, context) if j.id not in held else _NOT_WAITING_FOR_GPUS),
         } for j in jobs]
     if as_json:
         _emit_json({"jobs": rows})
@@ -256,6 +270,7 @@ def explain(obj: Context, job_id: int, as_json: bool) -> None:
     from slurmhet.planner.model import job_rates, plan_job_from_spec
     from slurmhet.runtime.progress import job_steps, read_progress
     from slurmhet.site_table import with_specs
+    from slurmhet.startup import learned_startup
     from slurmhet.submission import current_user, stored_allocation
 
     job = _refresh(obj, job_id)
@@ -264,9 +279,13 @@ def explain(obj: Context, job_id: int, as_json: bool) -> None:
     world = read_world(obj.client, user)
     context = _WaitContext.of(obj, world, user)
     inventory = world.inventory
-    done = job_steps(read_progress(obj.settings.progress_dir)).get(str(job_id), 0) * spec.global_batch
+    # A finished job is explained as its whole work would be planned now; a live one from where it stands.
+    done = 0 if job.state.final else \
+        job_steps(read_progress(obj.settings.progress_dir)).get(str(job_id), 0) * spec.global_batch
+    with obj.db.snapshot() as session:  # the start-up it pays before its first step, as the plan charges it
+        startup = learned_startup(session).for_spec(spec)[0] if job.started_at is None or job.state.final else 0.0
     plan_job = plan_job_from_spec(str(job.id), spec, job.created_at.timestamp(),
-                                  samples_done=min(float(done), spec.total_samples - 1.0))
+                                  samples_done=min(float(done), spec.total_samples - 1.0), startup_s=startup)
     types = tuple(t for t in inventory.usable().gpu_types if not context.access.types or t in context.access.types)
     rates, priors = job_rates(plan_job, with_specs(context.table, [spec]), types)
     ours = dict(context.ours)
@@ -281,8 +300,8 @@ def explain(obj: Context, job_id: int, as_json: bool) -> None:
         for _, gpu_type, count in plan["slots"]:
             by_type[gpu_type] = by_type.get(gpu_type, 0) + count
         label = " + ".join(f"{t} x{c}" for t, c in sorted(by_type.items()))
-        start = max(float(plan.get("start_s") or context.now), context.now)
-        run = float(plan.get("finish_s") or start) - float(plan.get("start_s") or start)
+        start = context.now if job.state.final else max(float(plan.get("start_s") or context.now), context.now)
+        run = float(plan.get("finish_s") or 0.0) - float(plan.get("start_s") or 0.0)
         chosen = Option(next(iter(by_type)) if len(by_type) == 1 else label, sum(by_type.values()), run, start,
                         any(t in priors for t in by_type))
     why = reason(chosen, opts, label) if chosen else ("waits: " + (plan.get("wait_reason") or "not planned yet"))
@@ -297,9 +316,13 @@ def explain(obj: Context, job_id: int, as_json: bool) -> None:
         return "unknown" if math.isinf(at) else ("now" if at <= context.now + 1 else
                                                  datetime.fromtimestamp(at).strftime("%H:%M"))
 
-    click.echo(f"job {job.id} {job.name!r} ({job.state.value})"
-               + (f": planned on {label}, start {clock(chosen.start_s)}, finish ~{clock(chosen.finish_s)}"
-                  if chosen else ""))
+    if job.state.final:
+        click.echo(f"job {job.id} {job.name!r} ({job.state.value}): ran on {label or 'nothing'}; its options, "
+                   "were it submitted now:")
+    else:
+        click.echo(f"job {job.id} {job.name!r} ({job.state.value})"
+                   + (f": planned on {label}, start {clock(chosen.start_s)}, finish ~{clock(chosen.finish_s)}"
+                      if chosen else ""))
     click.echo(f"why: {why}")
     if waiting:
         click.echo(f"waiting: {waiting}")

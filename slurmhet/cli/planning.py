@@ -248,7 +248,8 @@ def plan(obj: Context, files: tuple[str, ...], policy: str | None, cluster_spec:
 
     from slurmhet.planner.render import HEADER, plan_dict, plan_rows
     from slurmhet.shared_cluster import check_access, read_shared
-    from slurmhet.submission import Candidate, current_user, plan_for
+    from slurmhet.dependencies import preview_hold
+    from slurmhet.submission import Candidate, current_user, plan_for, unplaceable
 
     specs = _load_specs(files)
     where = obj.planning_cluster(cluster_spec, gpus_per_node)
@@ -265,7 +266,7 @@ def plan(obj: Context, files: tuple[str, ...], policy: str | None, cluster_spec:
     elif not as_json:
         err_console.print(f"slurmhet: note: {where.note}", markup=False, highlight=False, soft_wrap=True)
     table = obj.planning_table(live=where.source == "slurm")
-    candidates = [Candidate(i + 1, spec, now) for i, (spec, _) in enumerate(specs)]
+    candidates = [Candidate(i + 1, spec, now, held=preview_hold(spec)) for i, (spec, _) in enumerate(specs)]
     with _progress_bar("planning") as bar:
         task = bar.add_task("planning", total=None)
 
@@ -275,13 +276,17 @@ def plan(obj: Context, files: tuple[str, ...], policy: str | None, cluster_spec:
         result = plan_for(candidates, inventory, table, policy or obj.settings.default_policy, now,
                           progress=progress, shared=shared)
     names = {str(c.job_id): c.spec.name for c in candidates}
+    waiting = unplaceable(candidates, inventory)  # held by after:, or too big for the usable nodes now
     if as_json:
         from slurmhet.site_table import with_specs
 
         known = with_specs(table, [c.spec for c in candidates])
+        by_id = {str(c.job_id): c for c in candidates}
         data = {"cluster": {"source": where.source, "note": where.note,
-                            "gpus_by_type": inventory.usable().gpus_by_type()}, **plan_dict(result)}
-        for job, c in zip(sorted(data["jobs"], key=lambda j: int(j["job"])), candidates):
+                            "gpus_by_type": inventory.usable().gpus_by_type()}, **plan_dict(result),
+                "waiting": [{"job": names[str(i)], "reason": why} for i, why in sorted(waiting.items())]}
+        for job in data["jobs"]:
+            c = by_id[job["job"]]
             job["job"] = c.spec.name
             job["throughput"] = {}
             for gpu_type in c.spec.gpus.types or inventory.gpu_types:
@@ -295,4 +300,6 @@ def plan(obj: Context, files: tuple[str, ...], policy: str | None, cluster_spec:
         table_out.add_column(column)
     for row in plan_rows(result):
         table_out.add_row(names[row[0]], *row[1:])
+    for job_id, why in sorted(waiting.items()):
+        table_out.add_row(names[str(job_id)], "-", "-", "-", "-", "-", "-", "-", why)
     console.print(table_out)

@@ -94,5 +94,7 @@ def test_reason_compares_the_choice_with_the_best_other_option() -> None:
     v100_soon = Option("v100", 1, 1200.0, NOW + 600, False)
     assert reason(late, [v100_soon, late]) == "t4 x1 finishes 20 min later than v100 x1 but starts 10 min sooner"
     assert reason(late, [late]) == "t4 x1 is the only option"
+    assert reason(late, [Option("v100", 1, 2999.5, NOW, False), late]) == \
+        "t4 x1 and v100 x1 finish within a second of each other"
     never = Option("v100", 1, 1200.0, math.inf, False)
     assert reason(None, [never]) == "no option has a known start: v100 x1"

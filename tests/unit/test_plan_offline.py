@@ -26,6 +26,11 @@ jobs:
     workload: {model: never-seen, batch_size: 16}
     command: [python, train.py]
     work: {steps: 500}
+  - name: after-both
+    after: [mynet, nobody-knows]
+    workload: {model: never-seen, batch_size: 16}
+    command: [python, eval.py]
+    work: {steps: 5}
 """
 
 
@@ -56,6 +61,7 @@ def test_plan_for_a_cluster_shape_plans_unprofiled_models_with_flagged_priors(tm
                                "gpus_by_type": {"t4": 8, "v100": 4}}
     jobs = {j["job"]: j for j in data["jobs"]}
     assert set(jobs) == {"mynet", "nobody-knows"}
+    assert data["waiting"] == [{"job": "after-both", "reason": "waits for mynet, nobody-knows to complete (after:)"}]
     for job in jobs.values():
         assert job["gpus_by_type"] and set(job["throughput_priors"]) == set(job["gpus_by_type"])
         assert all(cell["source"] == "prior" for cell in job["throughput"].values())
@@ -72,6 +78,7 @@ def test_submit_dry_run_for_a_cluster_shape_renders_without_slurm(tmp_path: Path
                     state, tmp_path)
     assert done.returncode == 0, done.stderr
     assert "# job 'mynet'" in done.stdout and "# job 'nobody-knows'" in done.stdout
+    assert "# job 'after-both': waiting (waits for mynet, nobody-knows to complete (after:))" in done.stdout
     assert "'1e-3; rm -rf /'" in done.stdout  # the spec's argument reaches the script quoted
     assert "--gpus-per-node=" in done.stdout  # never seen the site: rendered for a generic cons_tres Slurm
     assert "planned for --cluster v100:2,t4:2" in done.stderr
