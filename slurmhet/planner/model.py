@@ -98,6 +98,10 @@ class PlanJob:
     #: Seconds from its Slurm start to its first progress (interpreter, imports, rendezvous, data loading),
     #: charged once before its work; 0 for a job already running.
     startup_s: float = 0.0
+    #: What each of its GPUs needs of its node besides the GPU: CPUs (Slurm gives a task 1 by default) and
+    #: memory in MB (0: the site's default, not counted).
+    cpus_per_gpu: int = 1
+    mem_per_gpu_mb: int = 0
 
     def __post_init__(self) -> None:
         checks = (
@@ -106,7 +110,8 @@ class PlanJob:
             ("samples_per_epoch", self.samples_per_epoch >= 0), ("min_gpus", self.min_gpus >= 1),
             ("max_gpus", self.max_gpus >= self.min_gpus), ("weight", self.weight > 0),
             ("gpu_memory_gb", self.gpu_memory_gb is None or self.gpu_memory_gb > 0),
-            ("startup_s", 0 <= self.startup_s < math.inf),
+            ("startup_s", 0 <= self.startup_s < math.inf), ("cpus_per_gpu", self.cpus_per_gpu >= 1),
+            ("mem_per_gpu_mb", self.mem_per_gpu_mb >= 0),
         )
         for name, ok in checks:
             if not ok:
@@ -361,6 +366,7 @@ def plan_job_from_spec(job_id: str, spec: JobSpec, submitted_at: float, *, sampl
             allowed_types=spec.gpus.types, weight=spec.weight, priority=spec.priority, colocate=spec.colocate,
             gpu_memory_gb=spec.gpu_memory_gb, submitted_at=submitted_at, current=current, user=user,
             startup_s=startup_s if current is None else 0.0,
+            cpus_per_gpu=spec.cpus_per_gpu or 1, mem_per_gpu_mb=spec.mem_per_gpu_mb or 0,
         )
     except InputError as exc:
         field_name = _SPEC_FIELD.get(exc.place.rsplit(".", 1)[-1], "")

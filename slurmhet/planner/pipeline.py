@@ -25,7 +25,7 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -107,6 +107,7 @@ def _prepare(inp: PlanningInput) -> tuple[Problem, _Context]:
     if (capacity < 0).any():
         raise InputError("running jobs hold more GPUs than the inventory has", place="inventory",
                          hint="refresh the inventory before planning")
+    _feedable(capacity, inventory, types, [j for j in inp.jobs if j not in pinned], pinned, rates)
     _take_world(capacity, inp.world, inp.now, nodes, types)
     caps = inp.world.gpu_caps
     for job in inp.jobs:
@@ -182,6 +183,45 @@ def _faster_later(job: PlanJob, rates: dict[str, float], types: tuple[str, ...],
     return best, (f"waits for {job.min_gpus} {best} held by other users until ~{ready - inp.now:.0f} s from now: "
                   f"finishes {ready + run_later - inp.now:.0f} s from now there, vs {run_now:.0f} s starting now "
                   f"on {now_types}")
+
+
+def _feedable(capacity: np.ndarray, inventory: Inventory, types: tuple[str, ...], pending: Sequence[PlanJob],
+              pinned: Sequence[PlanJob], rates: Mapping[str, Mapping[str, float]]) -> None:
+    """Cap (in place) each node's free GPUs at what its CPUs and memory left can feed.
+
+    Each GPU of a job comes with its task's CPUs and memory (``cpus_per_gpu``, ``mem_per_gpu_mb``). What the
+    pinned jobs on a node hold is taken first; the free GPUs of a type then count only as many as the largest
+    demand among the waiting jobs that may use the type can be fed with what is left. So no allocator can
+    ask Slurm for more CPUs or memory than a node has, whichever jobs it puts where; the price is that a
+    hungry job makes its types' nodes look smaller to lighter jobs for this decision. Nodes whose CPUs or
+    memory the inventory does not know (simulated clusters) are not capped.
+    """
+    if not pending or not any(n.cpus or n.memory_mb for n in inventory.nodes):
+        return
+    need_cpu = {t: max((j.cpus_per_gpu for j in pending if t in rates[j.id]), default=1) for t in types}
+    need_mem = {t: max((j.mem_per_gpu_mb for j in pending if t in rates[j.id]), default=0) for t in types}
+    for i, node in enumerate(inventory.nodes):
+        cpus_left, mem_left = node.cpus, node.memory_mb
+        for job in pinned:
+            on_node = sum(c for n, _, c in job.current.slots if n == node.name)  # type: ignore[union-attr]
+            cpus_left -= on_node * job.cpus_per_gpu
+            mem_left -= on_node * job.mem_per_gpu_mb
+        room = []
+        for t, gpu_type in enumerate(types):
+            fits = [int(capacity[i, t])]
+            if node.cpus:
+                fits.append(max(cpus_left, 0) // need_cpu[gpu_type])
+            if node.memory_mb and need_mem[gpu_type]:
+                fits.append(max(mem_left, 0) // need_mem[gpu_type])
+            room.append(min(fits))
+        # Types sharing a node share its CPUs and memory: together they may not feed more than the hungriest.
+        hungriest = max((t for t in range(len(types)) if capacity[i, t] > 0),
+                        key=lambda t: (need_cpu[types[t]], need_mem[types[t]]), default=None)
+        if hungriest is not None:
+            total = room[hungriest]
+            for t in range(len(types)):
+                capacity[i, t] = min(room[t], total)
+                total -= int(capacity[i, t])
 
 
 def _take_world(capacity: np.ndarray, world: OpenWorld, now: float, nodes: tuple[str, ...],

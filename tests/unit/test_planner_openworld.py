@@ -115,3 +115,30 @@ def test_a_foreign_job_ahead_waiting_for_one_type_does_not_delay_jobs_on_another
 def test_an_empty_world_plans_as_before() -> None:
     jobs = (job("a", hi=2), job("b"))
     assert PLAN(PlanningInput(jobs, NODES, TABLE)) == PLAN(PlanningInput(jobs, NODES, TABLE, world=OpenWorld()))
+
+
+# --------------------------------------------------------------------------- CPUs and memory per GPU
+
+def test_a_node_holds_no_more_gpus_than_its_cpus_and_memory_can_feed() -> None:
+    """4 GPUs but 4 CPUs: a job asking 2 CPUs per GPU gets at most 2 GPUs there (Slurm would refuse 4), and
+    the CPUs a running job holds on the node count first."""
+    from slurmhet.planner import Allocation
+
+    table = ThroughputTable.from_rates({"w (batch size 8)": {"v100": 100.0}})
+    inv = Inventory((Node("a", {"v100": 4}, cpus=4, memory_mb=8000), Node("b", {"v100": 4}, cpus=16, memory_mb=2000)))
+
+    def job(name: str, cpus: int, mem: int = 0, current: Allocation | None = None, low: int = 1) -> PlanJob:
+        return PlanJob(id=name, workload="w (batch size 8)", samples_remaining=1e6, global_batch=8, min_gpus=low,
+                       max_gpus=4, allowed_types=("v100",), cpus_per_gpu=cpus, mem_per_gpu_mb=mem, current=current)
+
+    fed = POLICIES["slurmhet"](PlanningInput((job("light", 1),), inv, table, now=0.0)).job("light").allocation
+    assert fed is not None and fed.slots == (("a", "v100", 4),)  # the control: one CPU per GPU fits one node
+    plan = POLICIES["slurmhet"](PlanningInput((job("hungry", 2, 1000),), inv, table, now=0.0))
+    alloc = plan.job("hungry").allocation
+    assert alloc is not None
+    per_node = {n: c for n, _, c in alloc.slots}
+    assert per_node.get("a", 0) <= 2 and per_node.get("b", 0) <= 2  # a: 4 CPUs / 2; b: 2000 MB / 1000
+    running = job("running", 3, current=Allocation((("a", "v100", 1),)))
+    plan = POLICIES["slurmhet"](PlanningInput((running, job("light", 1, low=1)), inv, table, now=0.0))
+    light = plan.job("light").allocation
+    assert light is not None and dict((n, c) for n, _, c in light.slots).get("a", 0) <= 1  # 4 - 3 CPUs left
