@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from importlib import resources
 from typing import Any, Mapping
 
@@ -74,11 +74,9 @@ class GpuCatalog:
         (``a100-sxm4-80gb``); a size picks the row with that much memory.
         """
         name = _squash(gpu_type)
-        for model in self.models.values():
-            if name in (_squash(model.name), *map(_squash, model.aliases)):
-                return model
-        families = sorted({_family(m) for m in self.models.values()}, key=len, reverse=True)
-        for family in families:
+        if name in self._names:
+            return self._names[name]
+        for family in self._families:
             form = _FORM.match(name[len(family):]) if name.startswith(family) else None
             if form is None:
                 continue
@@ -86,6 +84,19 @@ class GpuCatalog:
             sized = [m for m in rows if form.group(2) is not None and m.memory_gb == float(form.group(2))]
             return (sized or [m for m in rows if _squash(m.name) == family] or rows)[0]
         return None
+
+    @cached_property
+    def _names(self) -> dict[str, GpuModel]:
+        """Every row's squashed name and aliases (built once: priors look types up per cell)."""
+        out: dict[str, GpuModel] = {}
+        for model in self.models.values():
+            for alias in (model.name, *model.aliases):
+                out.setdefault(_squash(alias), model)
+        return out
+
+    @cached_property
+    def _families(self) -> list[str]:
+        return sorted({_family(m) for m in self.models.values()}, key=len, reverse=True)
 
     def ratio(self, gpu_type: str, reference: str, precision: str = "fp32",
               intensity: float | None = None) -> float | None:

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from slurmhet.config import Settings
 from slurmhet.spec import JobSpec
+from slurmhet.store import Database
 from slurmhet.store.models import ThroughputObservation
 from slurmhet.throughput import ThroughputEntry, ThroughputTable, WorkloadTraits, load_tables
 
@@ -37,6 +38,12 @@ def learned_table(session: Session, base: ThroughputTable) -> ThroughputTable:
         entries[(obs.workload, obs.gpu_type)] = ThroughputEntry(obs.samples_per_s, source, _PROVENANCE[source],
                                                                 obs.samples)
     return replace(base, entries=entries)
+
+
+def live_table(settings: Settings, db: Database) -> ThroughputTable:
+    """What live commands plan with: :func:`site_table` with the store's measurements laid over it."""
+    with db.snapshot() as session:
+        return learned_table(session, site_table(settings))
 
 
 def with_specs(table: ThroughputTable, specs: Iterable[JobSpec]) -> ThroughputTable:

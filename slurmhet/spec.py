@@ -9,6 +9,7 @@ because a user value would silently fight the plan.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -543,7 +544,7 @@ def _memory(f: _Fields, key: str) -> int | None:
         return None
     raw = f.get(key)
     match = _MEMORY.match(str(raw).strip()) if isinstance(raw, (int, str)) and not isinstance(raw, bool) else None
-    mb = int(-(-int(match.group(1)) * _MB_PER[match.group(2).upper()] // 1)) if match else 0
+    mb = math.ceil(int(match.group(1)) * _MB_PER[match.group(2).upper()]) if match else 0
     if mb < 1:
         raise f.fail(key, f"{raw!r} is not an amount of memory", f"{key}: 16G (K, M, G, T; a bare number is MB)")
     return mb

@@ -41,7 +41,7 @@ from slurmhet.store import Database, Job, JobState, SlurmJob, add_event, create_
 from slurmhet.store.lock import dispatch_lock
 from slurmhet.sync import adopt_orphans, ask_slurm, sync_jobs
 from slurmhet.dependencies import preview_hold, resolve, verdicts
-from slurmhet.site_table import learned_table, site_table, with_specs
+from slurmhet.site_table import live_table, site_table, with_specs
 from slurmhet.throughput import ThroughputTable
 
 #: Seconds between Slurm's USR2 (``--signal=B:USR2@N``) and the time limit; the runtime checkpoints then.
@@ -486,10 +486,7 @@ def submit_new(db: Database | None, dispatcher_args: tuple[SlurmClient, SiteProf
         check_against_cluster(spec, inventory.usable())
         if spec.container:
             container_runtime_for(spec, profile)
-    table = site_table(settings)
-    if db is not None:
-        with db.snapshot() as session:
-            table = learned_table(session, table)
+    table = live_table(settings, db) if db is not None else site_table(settings)
     now = datetime.now(timezone.utc).timestamp()
     owner = current_user()
     shared = read_shared(client, client.queue(), db.instance if db is not None else "", owner, now,

@@ -35,7 +35,7 @@ from typing import Any, Iterable, Mapping
 import yaml
 
 from slurmhet.errors import InputError
-from slurmhet.gpu_catalog import GpuCatalog, builtin as builtin_catalog
+from slurmhet.gpu_catalog import builtin as builtin_catalog
 
 SOURCES = ("measured", "profile", "ewma", "prior")
 
@@ -218,9 +218,9 @@ class ThroughputTable:
         _, w, e = min(near, key=lambda x: (x[0], x[1]))
         return ThroughputEntry(e.value, "prior", f"prior: samples/s of {w}")
 
-    def _catalog_prior(self, key: str, gpu: str, catalog: GpuCatalog | None = None) -> ThroughputEntry | None:
+    def _catalog_prior(self, key: str, gpu: str) -> ThroughputEntry | None:
         """This workload's own rate on another type (measured first, else a spec's hint) x the catalog ratio."""
-        catalog = catalog or builtin_catalog()
+        catalog = builtin_catalog()
         traits = self.traits.get(key, WorkloadTraits())
         anchors = sorted(((e.is_prior, t, e) for (w, t), e in self.entries.items() if w == key and t != gpu),
                          key=lambda a: (a[0], a[1]))
@@ -264,14 +264,26 @@ class ThroughputTable:
         return {t: (math.exp(sum(v) / len(v)), len(v)) for t, v in logs.items()}
 
     def with_hints(self, hints: Iterable[tuple[str, Mapping[str, float], WorkloadTraits, str]]) -> "ThroughputTable":
-        """Fold specs' ``samples_per_s_hint`` (flagged priors) and traits in; a table's own cells win."""
-        entries, traits = dict(self.entries), dict(self.traits)
+        """Fold specs' ``samples_per_s_hint`` (flagged priors) and traits in; a table's own cells win.
+
+        Most specs say neither: then this is the table itself, not a copy (planners call it per decision, and
+        a copy would also drop the memoised :attr:`_typical_rates`).
+        """
+        new_entries: dict[tuple[str, str], ThroughputEntry] = {}
+        new_traits: dict[str, WorkloadTraits] = {}
+        seen: set[str] = set()  # the first spec of a workload says its traits (the default ones are no entry)
         for workload, rates, trait, origin in hints:
             key = canonical_key(workload)
-            traits.setdefault(key, trait)
+            if key not in seen and key not in self.traits and trait != WorkloadTraits():
+                new_traits[key] = trait
+            seen.add(key)
             for gpu, value in rates.items():
-                entries.setdefault((key, gpu.lower()), ThroughputEntry(float(value), "prior", f"hint in {origin}"))
-        return replace(self, entries=entries, traits=traits)
+                cell = (key, gpu.lower())
+                if cell not in self.entries:
+                    new_entries.setdefault(cell, ThroughputEntry(float(value), "prior", f"hint in {origin}"))
+        if not new_entries and not new_traits:
+            return self
+        return replace(self, entries={**self.entries, **new_entries}, traits={**self.traits, **new_traits})
 
     def colocated(self, workload: str, partner: str, gpu_type: str) -> tuple[float, float] | None:
         """Measured (own, partner) samples/s when the two share one GPU, if known and feasible."""

@@ -112,14 +112,12 @@ class Context:
 
     def planning_table(self, live: bool) -> "ThroughputTable":
         """The site table with the store's measurements; offline, only a store that exists already is read."""
-        from slurmhet.site_table import learned_table, site_table
+        from slurmhet.site_table import live_table, site_table
 
-        table = site_table(self.settings)
         url = self.settings.database_url
         if not live and url.startswith("sqlite:///") and not Path(url.removeprefix("sqlite:///")).is_file():
-            return table
-        with self.db.snapshot() as session:
-            return learned_table(session, table)
+            return site_table(self.settings)
+        return live_table(self.settings, self.db)
 
     def is_admin(self) -> bool:
         """Root, or a member of the configured admin group, may see and cancel every user's jobs."""

@@ -120,6 +120,7 @@ def _status_one(obj: Context, job_id: int, as_json: bool) -> None:
         session.expunge_all()
     spec = specmod.parse_job(job.spec, f"store:job {job.id}")
     waiting: dict[str, Any] = {}
+    context: _WaitContext | None = None
     try:
         world = read_world(obj.client, current_user())
         context = _WaitContext.of(obj, world, current_user())
@@ -127,7 +128,7 @@ def _status_one(obj: Context, job_id: int, as_json: bool) -> None:
         waiting = _waiting_view(job, context)
     except (SlurmCommandError, SlurmOutputError):
         inventory_types = ()
-    table = with_specs(obj.planning_table(live=True), [spec])
+    table = with_specs(context.table if context is not None else obj.planning_table(live=True), [spec])
     speeds = {}
     for gpu_type in spec.gpus.types or inventory_types:
         try:
@@ -168,10 +169,9 @@ class _WaitContext:
     @cached_property
     def table(self) -> ThroughputTable:
         """Read only when some job waits (a status of running jobs needs no table)."""
-        from slurmhet.site_table import learned_table, site_table
+        from slurmhet.site_table import live_table
 
-        with self.db.snapshot() as session:
-            return learned_table(session, site_table(self.settings))
+        return live_table(self.settings, self.db)
 
 
 def _waiting_view(job: Any, context: _WaitContext) -> dict[str, Any]:
