@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
     weights = [float(w) for w in env["SLURMHET_SHARD_WEIGHTS"].split(",")] if env.get("SLURMHET_SHARD_WEIGHTS") \
         else [1.0 / world] * world
     accumulation = int(env.get("SLURMHET_ACCUMULATION_STEPS", "1"))
-    copy_task = env.get("SLURM_ARRAY_TASK_ID")
+    copy_task = env.get("SLURMHET_ARRAY_INDEX")  # a forked copy (a sweep variant in an array is not one)
     checkpoint_dir = args.checkpoint_dir or (Path(env["SLURMHET_CHECKPOINT_DIR"]) if env.get("SLURMHET_CHECKPOINT_DIR") else None)
     own_name = own_checkpoint_name(env)
 

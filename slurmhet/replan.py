@@ -298,7 +298,7 @@ class Replanner:
                 add_event(session, None, "reset", event)
             for job in mine:
                 if displaced(job, inventory):
-                    live = sorted({p.slurm_job_id for p in job.slurm_jobs if p.state == "PENDING"})
+                    live = sorted({p.target for p in job.slurm_jobs if p.state == "PENDING"})
                     result.actions.append(f"cancel Slurm job(s) {','.join(live)} of job {job.id}: nodes gone")
                     if not dry_run:
                         self.client.cancel(live)

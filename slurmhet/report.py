@@ -30,6 +30,7 @@ class StoredJob:
     owner: str
     weight: float
     predicted_jct_s: float | None
+    #: Its Slurm jobs; ``A_i`` where it is one task of an array it shares (a sweep array).
     slurm_ids: tuple[str, ...]
     restarts: int = 0
     emulated: bool = False
@@ -188,7 +189,8 @@ def fold(job: StoredJob, records: Iterable[AccountingRecord], shares: Mapping[st
     ``sharers`` counts the slurmhet jobs each Slurm job carries (a pack's members), so
     a pack's GPU-hours are split among its members rather than counted once per member.
     """
-    mine = [r for r in records if not r.id.is_step and r.id.job in job.slurm_ids]
+    mine = [r for r in records if not r.id.is_step and (r.id.job in job.slurm_ids
+                                                          or f"{r.id.job}_{r.id.array_task}" in job.slurm_ids)]
     hours: dict[str, float] = {}
     for record in mine:
         split = max(1, (sharers or {}).get(record.id.job, 1))

@@ -22,8 +22,8 @@ from sqlalchemy.orm import Session
 
 from slurmhet.cluster import Inventory, OpenWorld
 from slurmhet.config import Settings
-from slurmhet.emit.from_plan import EmitSettings, container_runtime_for, pack_parts, requests_for
-from slurmhet.emit.multipart import MultiPartOutcome, MultiPartSubmitter, Part
+from slurmhet.emit.from_plan import EmitSettings, container_runtime_for, pack_parts, requests_for, sweep_arrays
+from slurmhet.emit.multipart import MultiPartOutcome, MultiPartSubmitter, Part, shown_ids
 from slurmhet.errors import InputError
 from slurmhet.forking import DEFAULT_ROUND_S, ForkedJob, job_forker
 from slurmhet.planner import (
@@ -318,6 +318,7 @@ def dispatches(plan: Plan, ready: dict[int, JobSpec], profile: SiteProfile, sett
     forks = job_forker(plan, inventory, table, ready, steps_done=steps_done, rounds=rounds, round_s=fork_round_s(),
                        busy_nodes=busy_nodes) if table is not None else {}
     out: list[Dispatch] = []
+    singles: list[tuple[int, JobSpec, Part]] = []
     groups: dict[str, list[tuple[int, JobSpec, JobPlan]]] = {}
     for job_plan in sorted(plan.jobs, key=lambda jp: jp.order):
         job_id = int(job_plan.job_id)
@@ -332,8 +333,8 @@ def dispatches(plan: Plan, ready: dict[int, JobSpec], profile: SiteProfile, sett
         elif job_plan.colocation_group:
             groups.setdefault(job_plan.colocation_group, []).append((job_id, spec, job_plan))
         elif not spec.entrypoint:
-            out.append(Dispatch((job_id,), (spec,), requests_for(job_id, spec, job_plan, profile, emit,
-                                                                       inventory=inventory)))
+            singles += [(job_id, spec, part) for part in requests_for(job_id, spec, job_plan, profile, emit,
+                                                                      inventory=inventory)]
         else:
             out.append(Dispatch((job_id,), (spec,), []))  # submitted through submitit
     for members in groups.values():
@@ -344,7 +345,8 @@ def dispatches(plan: Plan, ready: dict[int, JobSpec], profile: SiteProfile, sett
         else:
             out.append(Dispatch(tuple(m[0] for m in members), tuple(m[1] for m in members),
                                 pack_parts(members, profile, emit, inventory)))
-    return out
+    return out + [Dispatch(ids, specs, parts) for ids, specs, parts in sweep_arrays(singles, emit,
+                                                                                    profile.max_array_size)]
 
 
 def render_parts(parts: Sequence[Part]) -> list[dict[str, Any]]:
@@ -412,10 +414,10 @@ class Dispatcher:
 
     def _record(self, session: Any, job: Job, spec: JobSpec, outcome: MultiPartOutcome,
                 alloc: Allocation | None) -> Outcome:
-        for part in outcome.live:
-            for row in part.store_rows():
-                job.slurm_jobs.append(SlurmJob(**row))
-        ids = [p.slurm_job_id for p in outcome.live]
+        rows = [row for part in outcome.live for row in part.store_rows(job.id)]
+        for row in rows:
+            job.slurm_jobs.append(SlurmJob(**row))
+        ids = shown_ids(rows)
         job.attempts += 1
         if outcome.ok:
             job.state, job.reason = JobState.SUBMITTED, ""
@@ -536,7 +538,7 @@ def submit_new(db: Database | None, dispatcher_args: tuple[SlurmClient, SiteProf
             gone = {j.id for j in jobs if j.id in set(new_ids) and j.state.final}
             rounds = {j.id: next_round(j) for j in jobs if not j.state.final and next_round(j)}
             startup = learned_startup(session)
-            already = {i: Outcome(i, j.name, j.state.value, sorted({p.slurm_job_id for p in j.slurm_jobs}),
+            already = {i: Outcome(i, j.name, j.state.value, sorted({p.target for p in j.slurm_jobs}),
                                   describe(stored_allocation(j))) for i, j in placed.items()}
         already.update({i: Outcome(i, spec.name, JobState.CANCELLED.value, [], "", doomed.get(i, ""))
                         for i, (spec, _) in zip(new_ids, specs) if i in gone})
@@ -558,9 +560,10 @@ def dry_run_outcomes(specs: Sequence[tuple[JobSpec, str]], existing: Sequence[Ca
     plan = plan_for([*existing, *fresh], inventory, table, settings.default_policy, now, progress, shared,
                     startup=startup)
     ready = {c.job_id: c.spec for c in fresh}
-    rendered = {d.job_ids[0]: render_parts(d.parts)
+    rendered = {i: render_parts(d.parts)
                 for d in dispatches(plan, ready, profile, settings, inventory, table=table,
-                                    partitions=shared.partitions() if shared else None)}
+                                    partitions=shared.partitions() if shared else None)
+                for i in d.job_ids}
     waiting = unplaceable(fresh, inventory)  # held by after:, or too big for the usable nodes now: not planned
     return [Outcome(c.job_id, c.spec.name, "DRY_RUN", [], "waiting", waiting[c.job_id]) if c.job_id in waiting
             else Outcome(c.job_id, c.spec.name, "DRY_RUN", [], describe(plan.job(str(c.job_id)).allocation),

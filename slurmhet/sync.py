@@ -191,13 +191,16 @@ def adopt_orphans(session: Session, jobs: Sequence[Job], queue: Sequence[QueueRe
         known = {p.slurm_job_id for j in jobs for p in j.slurm_jobs}
         if record.root_id in known:
             continue
-        for text_id in ids_text.removeprefix("slurmhet:").split(","):
+        text_ids = ids_text.removeprefix("slurmhet:").split(",")
+        # One array tagged with several jobs is a sweep array: task k runs the k-th job of the tag.
+        sweep = len(text_ids) > 1 and record.array_job_id is not None
+        for task, text_id in enumerate(text_ids):
             job = by_id.get(int(text_id)) if text_id.isdigit() else None
             if job is None:
                 continue
-            job.slurm_jobs.append(SlurmJob(slurm_job_id=record.root_id, role="adopted", state=record.state,
-                                           het_offset=record.het_offset, array_task=record.array_task,
-                                           nodes=record.nodes))
+            job.slurm_jobs.append(SlurmJob(slurm_job_id=record.root_id, role="sweep" if sweep else "adopted",
+                                           state=record.state, het_offset=record.het_offset,
+                                           array_task=task if sweep else record.array_task, nodes=record.nodes))
             job.state, job.reason = JobState.SUBMITTED, ""
             add_event(session, job, "adopted", f"Slurm job {record.root_id} found by its comment tag")
             actions.append(f"adopted Slurm job {record.root_id} for job {job.id}")

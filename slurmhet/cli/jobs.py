@@ -427,7 +427,7 @@ def cancel(obj: Context, job_ids: tuple[int, ...], group: str | None) -> None:
             if job.owner != current_user() and not obj.is_admin():
                 raise InputError(f"job {job_id} belongs to {job.owner}", place="ID", hint="you can cancel your own jobs")
             jobs.append(job)
-        live = [p.slurm_job_id for j in jobs for p in j.slurm_jobs if p.state in ("PENDING", "RUNNING", "UNKNOWN")]
+        live = [p.target for j in jobs for p in j.slurm_jobs if p.state in ("PENDING", "RUNNING", "UNKNOWN")]
         obj.client.cancel(sorted(set(live)))
         for job in jobs:
             if not job.state.final:

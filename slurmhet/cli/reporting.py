@@ -48,7 +48,7 @@ def report(obj: Context, since: Any, user: str | None, group: str | None, as_jso
         if group is not None and not stored:
             raise InputError(f"no jobs in group {group!r}", place="--group", hint="`slurmhet status` shows groups")
         jobs = [_stored_view(j) for j in stored]
-    ids = sorted({i for j in jobs for i in j.slurm_ids})
+    ids = sorted({i.partition("_")[0] for j in jobs for i in j.slurm_ids})  # an array's tasks come with it
     notices: list[str] = []
     if obj.profile.accounting:
         records = obj.client.accounting(ids)
@@ -85,7 +85,7 @@ def _stored_view(job: Any) -> Any:
     roles = [p.role for p in job.slurm_jobs]
     restarts = max(0, sum(1 for r in roles if r in ("batch", "het", "pack")) - 1)
     return StoredJob(id=job.id, name=job.name, owner=job.owner, weight=float(job.spec.get("weight", 1.0)),
-                     predicted_jct_s=job.predicted_jct_s, slurm_ids=tuple(p.slurm_job_id for p in job.slurm_jobs),
+                     predicted_jct_s=job.predicted_jct_s, slurm_ids=tuple(p.target for p in job.slurm_jobs),
                      restarts=restarts, emulated=bool((job.plan or {}).get("emulated")), stored_at=job.created_at)
 
 

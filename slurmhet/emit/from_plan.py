@@ -7,6 +7,7 @@
 * forked copies (HadarE) -> one ArrayRequest per copy shape, disjoint index
   ranges, chunked to MaxArraySize, plus a ConsolidationRequest after them all
 * a co-location group -> one PackRequest (see ``pack_parts``)
+* variants of one sweep on one single-node shape now -> one SweepArrayRequest (see ``sweep_arrays``)
 
 ``--nodelist`` is pinned only where the plan's value depends on the node: on a
 shared cluster a pinned job waits behind others while a twin node of its type
@@ -25,7 +26,7 @@ from typing import Mapping, Sequence
 from slurmhet.cluster import Inventory
 from slurmhet.emit.multipart import Part
 from slurmhet.emit.requests import (ArrayChunk, ArrayRequest, BatchRequest, Common, ConsolidationRequest, GpuShape,
-                                    HetJobRequest, Launch, PackMember, PackRequest)
+                                    HetJobRequest, Launch, PackMember, PackRequest, SweepArrayRequest, SweepMember)
 from slurmhet.errors import InputError
 from slurmhet.planner.model import Allocation, JobPlan
 from slurmhet.slurm.profile import SiteProfile
@@ -117,8 +118,13 @@ def _launch(spec: JobSpec, settings: EmitSettings, profile: SiteProfile | None) 
 
 
 def _spec_env(spec: JobSpec, settings: EmitSettings) -> tuple[tuple[str, str], ...]:
+    return settings.env + _own_env(spec)
+
+
+def _own_env(spec: JobSpec) -> tuple[tuple[str, str], ...]:
     """The plan's facts the runtime needs: checkpoint dir, nominal workers (relaxed scale-fixed sync), the
-    workload the table keys its rates by, a profiling run's step count, and the time limit (Slurm 22.05 sets no SLURM_JOB_END_TIME; it tells a timeout from a preemption)."""
+    workload the table keys its rates by, a profiling run's step count, and the time limit (Slurm 22.05 sets
+    no SLURM_JOB_END_TIME; it tells a timeout from a preemption); then the spec's own variables."""
     env = [("SLURMHET_NOMINAL_WORKERS", str(max(1, spec.global_batch // spec.workload.batch_size))),
            ("SLURMHET_WORKLOAD", spec.workload.key)]
     if spec.profile_steps:
@@ -127,7 +133,53 @@ def _spec_env(spec: JobSpec, settings: EmitSettings) -> tuple[tuple[str, str], .
         env.append(("SLURMHET_CHECKPOINT_DIR", spec.checkpoint_dir))
     if spec.time_limit_min:
         env.append(("SLURMHET_TIME_LIMIT_S", str(spec.time_limit_min * 60)))
-    return settings.env + tuple(env) + spec.env
+    return tuple(env) + spec.env
+
+
+def _sweep_key(spec: JobSpec, request: BatchRequest) -> tuple[object, ...] | None:
+    """What must be equal for variants to share one array: everything sbatch sees but the job's name and id,
+    and the launch around the program. None: this part cannot be an array task (no sweep, several nodes or
+    a pinned node, uneven shard weights)."""
+    if not spec.group or request.nodes != 1 or request.nodelist or len(set(request.shard_weights)) > 1 \
+            or request.plan_env:
+        return None
+    launch = request.launch
+    return (spec.group, request.gpu_type, request.gpus_per_node, request.gpu_request_style,
+            replace(request.common, job_id=0, name=""), launch.launcher, launch.modules, launch.srun_options)
+
+
+def sweep_arrays(singles: Sequence[tuple[int, JobSpec, Part]], settings: EmitSettings,
+                 max_array_size: int) -> list[tuple[tuple[int, ...], tuple[JobSpec, ...], list[Part]]]:
+    """Fold the variants of one sweep that the plan puts on one GPU shape now into job arrays.
+
+    ``singles``: one-part jobs in plan order. Variants of one group with equal shapes become one
+    SweepArrayRequest (at most ``max_array_size`` tasks each, so every index stays below MaxArraySize);
+    anything else, and a shape only one variant has, stays as it was.
+    """
+    by_key: dict[tuple[object, ...], list[tuple[int, JobSpec, BatchRequest]]] = defaultdict(list)
+    out: list[tuple[tuple[int, ...], tuple[JobSpec, ...], list[Part]]] = []
+    for job_id, spec, part in singles:
+        key = _sweep_key(spec, part.request) if isinstance(part.request, BatchRequest) else None
+        if key is None:
+            out.append(((job_id,), (spec,), [part]))
+        else:
+            by_key[key].append((job_id, spec, part.request))  # type: ignore[arg-type]
+    for variants in by_key.values():
+        for start in range(0, len(variants), max(1, max_array_size)):
+            chunk = variants[start:start + max(1, max_array_size)]
+            if len(chunk) == 1:
+                job_id, spec, request = chunk[0]
+                out.append(((job_id,), (spec,), [Part(request)]))
+                continue
+            lead = chunk[0][2]
+            common = replace(lead.common, name=chunk[0][1].group or lead.common.name,
+                             also=tuple(job_id for job_id, _, _ in chunk[1:]))
+            members = tuple(SweepMember(job_id, spec.name, request.launch.program, _own_env(spec))
+                            for job_id, spec, request in chunk)
+            array = SweepArrayRequest(common, replace(lead.launch, env=settings.env), GpuShape(
+                lead.gpu_type, lead.gpus_per_node), members, lead.gpu_request_style)
+            out.append((tuple(m.job_id for m in members), tuple(spec for _, spec, _ in chunk), [Part(array)]))
+    return out
 
 
 def gpu_shapes(allocation: Allocation, weights: Sequence[float]) -> tuple[list[GpuShape], tuple[float, ...]]:

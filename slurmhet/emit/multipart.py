@@ -14,14 +14,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from slurmhet.emit.requests import (ArrayRequest, BatchRequest, ConsolidationRequest, HetJobRequest, Materialized,
-                                    PackRequest)
+                                    PackRequest, SweepArrayRequest)
 from slurmhet.slurm.client import SlurmClient
 from slurmhet.slurm.parsers import SlurmOutputError
 from slurmhet.slurm.runner import SlurmCommandError
 
-Request = BatchRequest | HetJobRequest | ArrayRequest | ConsolidationRequest | PackRequest
+Request = BatchRequest | HetJobRequest | ArrayRequest | ConsolidationRequest | PackRequest | SweepArrayRequest
 ROLES: dict[type, str] = {BatchRequest: "batch", HetJobRequest: "het", ArrayRequest: "array",
-                          ConsolidationRequest: "consolidation", PackRequest: "pack"}
+                          ConsolidationRequest: "consolidation", PackRequest: "pack", SweepArrayRequest: "sweep"}
 
 
 @dataclass(frozen=True)
@@ -51,11 +51,18 @@ class SubmittedPart:
     request: Request
     argv: tuple[str, ...]
 
-    def store_rows(self) -> list[dict[str, Any]]:
-        """Column values for ``SlurmJob`` rows: one per het component, per array task, else one."""
+    def store_rows(self, job_id: int | None = None) -> list[dict[str, Any]]:
+        """Column values for ``SlurmJob`` rows: one per het component, per array task, else one.
+
+        A sweep array's tasks are different slurmhet jobs: ``job_id`` gets only its own task's row.
+        """
         base: dict[str, Any] = {"slurm_job_id": self.slurm_job_id, "role": self.role, "argv": list(self.argv),
                                 "state": "PENDING"}
         r = self.request
+        if isinstance(r, SweepArrayRequest):
+            tasks = [r.task_of(job_id)] if job_id is not None else range(len(r.members))
+            return [{**base, "array_task": i, "gpu_type": r.shape.gpu_type, "gpu_count": r.shape.tasks}
+                    for i in tasks]
         if isinstance(r, HetJobRequest):
             return [{**base, "het_offset": k, "gpu_type": c.gpu_type, "gpu_count": c.tasks,
                      "nodes": ",".join(c.nodelist)} for k, c in enumerate(r.components)]
@@ -69,6 +76,12 @@ class SubmittedPart:
         if isinstance(r, PackRequest):
             return [{**base, "gpu_type": r.gpu_type, "gpu_count": 1, "nodes": ",".join(r.nodelist)}]
         return [{**base, "round": r.round}]
+
+
+def shown_ids(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The ids a user passes to squeue/scancel for these rows: a sweep variant is its array task ``A_i``."""
+    return list(dict.fromkeys(f"{r['slurm_job_id']}_{r['array_task']}" if r["role"] == "sweep"
+                              else r["slurm_job_id"] for r in rows))
 
 
 @dataclass(frozen=True)

@@ -326,6 +326,64 @@ class ArrayRequest:
         return Materialized(tuple(opts), script)
 
 
+@dataclass(frozen=True)
+class SweepMember:
+    """One sweep variant as an array task: its own slurmhet job, program and environment."""
+
+    job_id: int
+    name: str
+    program: tuple[str, ...]
+    env: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class SweepArrayRequest:
+    """Variants of one sweep that the plan puts on one GPU shape at once, as one job array.
+
+    Task ``i`` runs ``members[i]``, each a slurmhet job of its own (its id in ``SLURMHET_JOB_ID``),
+    so one ``sbatch`` and one array in ``squeue`` stand for the sweep instead of N. Unlike forked
+    copies, the tasks are not copies of one job: no round, no consolidation, and each task keeps
+    its own ``checkpoint.pt`` (``SLURMHET_ARRAY_INDEX``, which names a copy's checkpoint, is not set).
+    """
+
+    common: Common
+    launch: Launch
+    shape: GpuShape
+    members: tuple[SweepMember, ...]
+    gpu_request_style: str = "gres"
+
+    def array_spec(self) -> str:
+        return f"0-{len(self.members) - 1}"
+
+    def task_of(self, job_id: int) -> int:
+        return [m.job_id for m in self.members].index(job_id)
+
+    def materialize(self) -> Materialized:
+        place = f"job {self.common.job_id}"
+        self.shape.check(place)
+        if len(self.members) < 2 or self.shape.nodelist or self.shape.nodes != 1:
+            raise InputError("a sweep array needs two or more variants on one unpinned node each", place=place,
+                             hint="a lone variant is a BatchRequest")
+        opts = self.common.options("%A_%a") + self.shape.options(self.gpu_request_style)
+        opts.append(f"--array={self.array_spec()}")
+        check_slurm_can([opts])
+        rank_types = [self.shape.gpu_type] * self.shape.tasks
+        members = [(m, plan_env(m.job_id, (), rank_types) + m.env) for m in self.members]
+        script = render(
+            "sweep.sh.j2",
+            ids=",".join(str(m.job_id) for m in self.members),
+            name=self.common.name,
+            shape=self.shape,
+            array=self.array_spec(),
+            env=self.launch.env,
+            members=members,
+            launcher=self.launch.launcher,
+            modules=self.launch.modules,
+            srun_options=self.launch.srun_options,
+        )
+        return Materialized(tuple(opts), script)
+
+
 #: Dependency placeholder a dry run prints where the array's job ids will go.
 DRY_RUN_DEPENDENCY = "ARRAY_JOB_ID"
 

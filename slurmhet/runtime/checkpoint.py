@@ -165,8 +165,13 @@ def choose_resume(checkpoint_dir: str | Path, env: Mapping[str, str]) -> ResumeP
 
 
 def own_checkpoint_name(env: Mapping[str, str]) -> str:
-    """Gang jobs share ``checkpoint.pt``; forked copies (array tasks) write ``copy-<task>.pt``."""
-    task = env.get("SLURM_ARRAY_TASK_ID")
+    """Gang jobs share ``checkpoint.pt``; forked copies write ``copy-<task>.pt``.
+
+    A copy's task number is ``SLURMHET_ARRAY_INDEX``, which only a forked round's array script sets (the
+    consolidation's task numbers, also past a chunked array's index restart); a sweep variant that runs
+    as an array task is a job of its own and keeps ``checkpoint.pt``.
+    """
+    task = env.get("SLURMHET_ARRAY_INDEX")
     return f"copy-{task}.pt" if task else CHECKPOINT_NAME
 
 

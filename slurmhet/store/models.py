@@ -89,7 +89,7 @@ class SlurmJob(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     slurm_job_id: Mapped[str] = mapped_column(String(32), index=True)
-    role: Mapped[str] = mapped_column(String(16), default="batch")  # batch|het|array|consolidation|pack
+    role: Mapped[str] = mapped_column(String(16), default="batch")  # batch|het|array|consolidation|pack|sweep|adopted|superseded
     round: Mapped[int] = mapped_column(Integer, default=0)
     array_task: Mapped[int | None] = mapped_column(Integer, nullable=True)
     het_offset: Mapped[int | None] = mapped_column(Integer, nullable=True)
@@ -108,6 +108,12 @@ class SlurmJob(Base):
     startup_s: Mapped[float | None] = mapped_column(Float, nullable=True)
 
     job: Mapped[Job] = relationship(back_populates="slurm_jobs")
+
+    @property
+    def target(self) -> str:
+        """What scancel and squeue take for this part alone: a sweep variant is its task of a shared array."""
+        return f"{self.slurm_job_id}_{self.array_task}" if self.role == "sweep" and self.array_task is not None \
+            else self.slurm_job_id
 
 
 class Event(Base):

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from slurmhet.cluster import Inventory, Node
-from slurmhet.emit.from_plan import EmitSettings, gpu_shapes, pack_parts, requests_for
+from slurmhet.emit.from_plan import EmitSettings, gpu_shapes, pack_parts, requests_for, sweep_arrays
 from slurmhet.emit.requests import (ArrayChunk, ArrayRequest, BatchRequest, Common, ConsolidationRequest, GpuShape,
-                                    HetJobRequest, Launch, PackRequest, chunk_array)
+                                    HetJobRequest, Launch, PackRequest, SweepArrayRequest, chunk_array)
 from slurmhet.errors import InputError
 from slurmhet.planner.model import Allocation, JobPlan
 from slurmhet.slurm.profile import SiteProfile
@@ -207,3 +209,43 @@ def test_forked_and_packed_parts_take_their_types_partition() -> None:
     plans = [(i, _spec(), _plan((("nodeb", "t4", 1),))) for i in (1, 2)]
     pack = pack_parts(plans, PROFILE, TYPED, _inventory())[0].request.materialize().argv
     assert _opts(pack, "partition") == ["t4"] and _opts(pack, "nodelist") == ["nodeb"]
+
+
+def _variants(slots: dict[str, tuple[tuple[str, str, int], ...]], group: str | None = "lr",
+              **kw: object) -> list[tuple[int, JobSpec, object]]:
+    out = []
+    for i, (name, job_slots) in enumerate(slots.items(), start=10):
+        spec = replace(_spec(group=group, **kw), name=name, command=("train", "--name", name))
+        out.append((i, spec, requests_for(i, spec, _plan(job_slots), PROFILE, SETTINGS)[0]))
+    return out
+
+
+def test_variants_of_one_sweep_on_one_shape_become_one_array() -> None:
+    from slurmhet.emit.multipart import SubmittedPart, shown_ids
+    singles = _variants({"lr-a": (("nodea", "t4", 1),), "lr-b": (("nodeb", "t4", 1),),
+                         "lr-c": (("nodec", "v100", 1),), "lr-d": (("nodea", "t4", 1),)})
+    folded = sweep_arrays(singles, SETTINGS, 1001)  # type: ignore[arg-type]
+    assert sorted(ids for ids, _, _ in folded) == [(10, 11, 13), (12,)]
+    (ids, specs, parts), = [f for f in folded if len(f[0]) == 3]
+    array = parts[0].request
+    assert isinstance(array, SweepArrayRequest) and [s.name for s in specs] == ["lr-a", "lr-b", "lr-d"]
+    m = array.materialize()
+    assert "--array=0-2" in m.argv and "--comment=slurmhet:10,11,13" in m.argv and "--job-name=lr" in m.argv
+    assert not any(a.startswith("--nodelist") for a in m.argv)  # Slurm picks the t4 nodes, as for one variant
+    rows = SubmittedPart("sweep", "500", array, ()).store_rows(13)
+    assert [(r["array_task"], r["gpu_type"]) for r in rows] == [(2, "t4")]  # job 13 owns task 2 alone
+    assert shown_ids(rows) == ["500_2"]
+
+
+def test_what_cannot_share_an_array_stays_alone() -> None:
+    # No sweep; two nodes (pinned); chunked at MaxArraySize 2: 3 variants -> an array of 2 and one alone.
+    assert [ids for ids, _, _ in sweep_arrays(_variants({"a": (("nodea", "t4", 1),), "b": (("nodeb", "t4", 1),)},
+                                                        group=None), SETTINGS, 1001)] == [(10,), (11,)]  # type: ignore[arg-type]
+    two_nodes = _variants({"a": (("nodea", "t4", 1), ("nodeb", "t4", 1)), "b": (("nodea", "t4", 1), ("nodeb", "t4", 1))})
+    assert [ids for ids, _, _ in sweep_arrays(two_nodes, SETTINGS, 1001)] == [(10,), (11,)]  # type: ignore[arg-type]
+    three = _variants({"a": (("nodea", "t4", 1),), "b": (("nodea", "t4", 1),), "c": (("nodea", "t4", 1),)})
+    assert [ids for ids, _, _ in sweep_arrays(three, SETTINGS, 2)] == [(10, 11), (12,)]  # type: ignore[arg-type]
+    # Different resources per GPU: different sbatch options, so not one array.
+    mixed = _variants({"a": (("nodea", "t4", 1),)}) + _variants({"b": (("nodea", "t4", 1),)}, cpus_per_gpu=4)
+    mixed[1] = (11, *mixed[1][1:])
+    assert [ids for ids, _, _ in sweep_arrays(mixed, SETTINGS, 1001)] == [(10,), (11,)]  # type: ignore[arg-type]

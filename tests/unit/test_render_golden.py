@@ -14,7 +14,8 @@ import pytest
 from slurmhet.cluster import Inventory, Node
 from slurmhet.emit.from_plan import EmitSettings, requests_for
 from slurmhet.emit.requests import (ArrayChunk, ArrayRequest, BatchRequest, Common, ConsolidationRequest, GpuShape,
-                                    HetJobRequest, Launch, Materialized, PackMember, PackRequest)
+                                    HetJobRequest, Launch, Materialized, PackMember, PackRequest, SweepArrayRequest,
+                                    SweepMember)
 from slurmhet.planner.model import Allocation, JobPlan
 from slurmhet.slurm.profile import SiteProfile
 from slurmhet.spec import GpuRequest, JobSpec, Workload
@@ -53,7 +54,7 @@ def _planned(slots: tuple[tuple[str, str, int], ...], nodes: tuple[Node, ...] = 
     return request
 
 
-CASES: dict[str, BatchRequest | HetJobRequest | ArrayRequest | ConsolidationRequest | PackRequest] = {
+CASES: dict[str, BatchRequest | HetJobRequest | ArrayRequest | ConsolidationRequest | PackRequest | SweepArrayRequest] = {
     "batch-gres": BatchRequest(_common(), Launch(("python", "train.py", "--epochs", "2"), LAUNCHER), "t4", 2,
                                gpu_request_style="gres", shard_weights=(0.5, 0.5)),
     "batch-gpus-per-node": BatchRequest(_common(), Launch(("python", "train.py"), LAUNCHER, (("OMP_NUM_THREADS", "4"),)),
@@ -73,6 +74,16 @@ CASES: dict[str, BatchRequest | HetJobRequest | ArrayRequest | ConsolidationRequ
                                               gpu_request_style="gpus-per-node"),
     "array-hostile": ArrayRequest(_common(HOSTILE_NAME), Launch(HOSTILE_ARGV, LAUNCHER), GpuShape("k80", 1),
                                   ArrayChunk(0, 2)),
+    # Three variants of sweep "lr" planned on one t4 each, now: one array, task i runs variant i.
+    "sweep-gres": SweepArrayRequest(replace(_common("lr"), also=(43, 44)), Launch((), LAUNCHER, (("OMP_NUM_THREADS", "4"),),
+                                                                                 modules=("cuda/12.2",)),
+                                    GpuShape("t4", 1),
+                                    tuple(SweepMember(42 + i, f"lr-{lr}", ("python", "train.py", "--lr", lr),
+                                                      (("SLURMHET_CHECKPOINT_DIR", f"/ckpt/lr-{lr}"),))
+                                          for i, lr in enumerate(("1e-3", "3e-4", "1e-4")))),
+    "sweep-hostile": SweepArrayRequest(replace(_common(HOSTILE_NAME), also=(43,)), Launch((), LAUNCHER),
+                                       GpuShape("k80", 1, 1), (SweepMember(42, HOSTILE_NAME, HOSTILE_ARGV),
+                                                               SweepMember(43, "b", HOSTILE_ARGV, (("X", HOSTILE_NAME),)))),
     "consolidation": ConsolidationRequest(_common(), SLURMHET, "/ckpt/resnet18", (0, 1, 2), after=("101", "102"),
                                           round=4, then=(*SLURMHET, "replan")),
     "consolidation-hostile": ConsolidationRequest(_common(HOSTILE_NAME), SLURMHET, "/ckpt/it's $(x);\nd", (0,),
@@ -150,7 +161,7 @@ def _run(script: str, tmp_path: Path, **env: str) -> None:
                    env={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path), **env})
 
 
-@pytest.mark.parametrize("name", ["batch-hostile", "het-hostile", "array-hostile"])
+@pytest.mark.parametrize("name", ["batch-hostile", "het-hostile", "array-hostile", "sweep-hostile"])
 def test_hostile_values_stay_data(name: str, tmp_path: Path) -> None:
     """Run the rendered hostile script with a stand-in srun: the argv arrives byte-exact, nothing runs."""
     m = CASES[name].materialize()
@@ -191,3 +202,28 @@ def test_hostile_checkpoint_dir_reaches_consolidate_intact(tmp_path: Path) -> No
     assert json.loads(record.read_text())["argv"] == [
         "consolidate", "--out", f"{ckpt}/consolidated.pt", f"{ckpt}/copy-0.pt", f"{ckpt}/copy-2.pt"]
     assert not (tmp_path / "pwned").exists()
+
+
+@pytest.mark.parametrize("task", [0, 1, 2])
+def test_a_sweep_array_task_runs_its_own_variant(task: int, tmp_path: Path) -> None:
+    """Task i gets variant i's program and environment (its own SLURMHET_JOB_ID, no copy index)."""
+    record = tmp_path / "argv.json"
+    srun = tmp_path / "bin" / "srun"
+    srun.parent.mkdir()
+    srun.write_text(f"#!{sys.executable}\nimport json,os,sys\njson.dump({{'argv': sys.argv[1:], 'env': dict(os.environ)}}, "
+                    f"open({str(record)!r}, 'w'))\n")
+    srun.chmod(0o755)
+    request = replace(CASES["sweep-gres"], launch=Launch((), LAUNCHER))  # no modules: no `module` here
+    _run(request.materialize().script, tmp_path, SLURM_ARRAY_TASK_ID=str(task))
+    got = json.loads(record.read_text())
+    lr = ("1e-3", "3e-4", "1e-4")[task]
+    assert got["argv"] == ["--kill-on-bad-exit=1", *LAUNCHER, "python", "train.py", "--lr", lr]
+    assert got["env"]["SLURMHET_JOB_ID"] == str(42 + task)
+    assert got["env"]["SLURMHET_CHECKPOINT_DIR"] == f"/ckpt/lr-{lr}"
+    assert "SLURMHET_ARRAY_INDEX" not in got["env"]
+
+
+def test_a_sweep_array_task_with_no_variant_fails_loudly(tmp_path: Path) -> None:
+    done = subprocess.run(["bash", "-c", CASES["sweep-gres"].materialize().script], cwd=tmp_path, capture_output=True,
+                          text=True, env={"PATH": "/usr/bin:/bin", "SLURM_ARRAY_TASK_ID": "7"})
+    assert done.returncode == 2 and "array task '7' is no variant of this sweep" in done.stderr

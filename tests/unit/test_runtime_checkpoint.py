@@ -52,7 +52,7 @@ def test_malformed_checkpoints_name_file_and_key(tmp_path: Path, data: dict, pla
 
 
 def test_resume_prefers_own_checkpoint_only_within_the_current_round(tmp_path: Path) -> None:
-    copy_env = {"SLURM_ARRAY_TASK_ID": "1"}
+    copy_env = {"SLURM_ARRAY_TASK_ID": "1", "SLURMHET_ARRAY_INDEX": "1"}
     assert choose_resume(tmp_path, copy_env) is None
     save_checkpoint(tmp_path / CONSOLIDATED_NAME, _ckpt(20, 20))
     save_checkpoint(tmp_path / "copy-1.pt", _ckpt(15, 10))  # last round's copy: consolidated is newer

@@ -147,7 +147,7 @@ def test_output_is_replaced_atomically(tmp_path: Path) -> None:
 
 def _run_copy(tmp_path: Path, task: int, round_steps: int, world: int = 1) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "RANK", "WORLD_SIZE", "MASTER_"))}
-    env.update({"SLURM_ARRAY_TASK_ID": str(task), "SLURMHET_CHECKPOINT_DIR": str(tmp_path),
+    env.update({"SLURM_ARRAY_TASK_ID": str(task), "SLURMHET_ARRAY_INDEX": str(task), "SLURMHET_CHECKPOINT_DIR": str(tmp_path),
                 "OMP_NUM_THREADS": "1"})
     argv = [sys.executable, str(REPO / "examples" / "train.py"), "--steps", "100", "--round-steps", str(round_steps),
             "--dataset-size", "96", "--global-batch", "16", "--seed", "3"]
