@@ -1,15 +1,20 @@
 """``after:`` between jobs: who waits for whom, and what a predecessor's end means for its dependants.
 
-slurmhet holds a dependant itself instead of handing Slurm ``--dependency=afterok``: the
-dependant is planned (GPU type, size, nodes, partition) when its predecessors have
-completed, on the cluster as it is then, not pinned hours before to a guess. Until then it
-waits in the store with the reason; a predecessor that ends FAILED or CANCELLED cancels
-it, with that reason. The functions here are pure; submission and replan call them.
+A dependant is held in slurmhet while a predecessor is not yet running: planning it then
+would fix its GPU type, size and partition to a guess about a cluster hours away. Once
+every predecessor still to complete runs as its final Slurm job (a batch job or a sweep
+variant's array task, which only a requeue under the same id can follow), the dependant is
+planned on the cluster as it is and handed to Slurm with ``--dependency=afterok`` on
+those jobs, so Slurm starts it the moment they complete instead of at the next replan.
+Predecessors whose Slurm jobs may still change (pending ones, which replan may move;
+forked rounds; packs; het jobs) keep it held. A predecessor that ends FAILED or CANCELLED
+cancels it, with that reason, in the store and in Slurm. The functions here are pure;
+submission and replan call them.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 from slurmhet.errors import InputError
 from slurmhet.spec import JobSpec
@@ -42,13 +47,24 @@ def resolve(new: Sequence[tuple[int, JobSpec]], stored: Callable[[int], tuple[st
     return out
 
 
-def verdicts(after: Mapping[int, Sequence[int]], states: Mapping[int, tuple[str, JobState]]
-             ) -> tuple[dict[int, str], dict[int, str]]:
-    """(held, doomed): jobs whose predecessors have not all completed, and jobs one of whose predecessors
-    ended without completing (or is gone from the store), each with the reason to show."""
-    held, doomed = {}, {}
+class Verdicts(NamedTuple):
+    """What ``after:`` says about each dependant now."""
+
+    #: Jobs with a predecessor still to complete, with the reason to show.
+    held: dict[int, str]
+    #: Jobs one of whose predecessors ended without completing (or is gone from the store), with the reason.
+    doomed: dict[int, str]
+    #: Held jobs that may go to Slurm now: the Slurm ids to pass as ``--dependency=afterok``.
+    chained: dict[int, tuple[str, ...]]
+
+
+def verdicts(after: Mapping[int, Sequence[int]], states: Mapping[int, tuple[str, JobState]],
+             final_slurm: Mapping[int, tuple[str, ...]] | None = None) -> Verdicts:
+    """Each dependant's verdict; ``final_slurm``: predecessors running as their final Slurm jobs, with those ids."""
+    held, doomed, chained = {}, {}, {}
     for job_id, preds in after.items():
-        waiting = []
+        waiting: list[str] = []
+        slurm: list[str] = []
         for pred in preds:
             name, state = states.get(pred, ("?", JobState.CANCELLED))
             if state.final and state is not JobState.COMPLETED:
@@ -56,10 +72,13 @@ def verdicts(after: Mapping[int, Sequence[int]], states: Mapping[int, tuple[str,
                 break
             if state is not JobState.COMPLETED:
                 waiting.append(f"job {pred} ({name}, {state.value})")
+                slurm += (final_slurm or {}).get(pred, ()) or [""]  # "": not in Slurm as its final job
         else:
             if waiting:
                 held[job_id] = "waits for " + ", ".join(waiting) + " to complete (after:)"
-    return held, doomed
+                if all(slurm):
+                    chained[job_id] = tuple(dict.fromkeys(slurm))
+    return Verdicts(held, doomed, chained)
 
 
 def preview_hold(spec: JobSpec) -> str:

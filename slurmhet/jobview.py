@@ -50,12 +50,17 @@ def job_detail(job: Any, spec: JobSpec, events: Sequence[Any], logs: Sequence[Lo
         "slurm": [{"id": p.slurm_job_id, "role": p.role, "round": p.round, "array_task": p.array_task,
                    "het_offset": p.het_offset, "gpu_type": p.gpu_type, "gpus": p.gpu_count, "nodes": p.nodes,
                    "state": p.state, "reason": p.reason, "exit_code": p.exit_code,
-                   "submitted": _iso(p.submitted_at), "started": _iso(p.started_at), "ended": _iso(p.ended_at)}
+                   "after": slurm_dependency(p.argv), "submitted": _iso(p.submitted_at), "started": _iso(p.started_at), "ended": _iso(p.ended_at)}
                   for p in sorted(job.slurm_jobs, key=lambda p: (p.submitted_at, p.id))],
         "waiting": dict(waiting),
         "logs": [{"slurm_id": lp.slurm_id, "path": str(lp.path), "part": lp.header} for lp in logs],
         "events": [{"at": _iso(e.at), "kind": e.kind, "message": e.message} for e in events],
     }
+
+
+def slurm_dependency(argv: Sequence[str]) -> str:
+    """The ``--dependency`` a part was submitted with ("afterok:12:13"), or ""."""
+    return next((a.removeprefix("--dependency=") for a in argv or () if a.startswith("--dependency=")), "")
 
 
 def detail_lines(d: Mapping[str, Any]) -> list[str]:
@@ -82,7 +87,8 @@ def detail_lines(d: Mapping[str, Any]) -> list[str]:
                      + (f"+{p['het_offset']}" if p["het_offset"] is not None else "")
                      + f" [{p['role']}] {where} on {p['nodes'] or '-'}: {p['state']}"
                      + (f" ({p['reason']})" if p["reason"] else "")
-                     + (f", exit {p['exit_code']}" if p["exit_code"] else ""))
+                     + (f", exit {p['exit_code']}" if p["exit_code"] else "")
+                     + (f", starts after {p['after']}" if p["after"] else ""))
     why = [v for k, v in d["waiting"].items() if v and k in ("slurm_reason", "why")]
     if why:
         lines.append("  waiting: " + "; ".join(str(w) for w in why))

@@ -31,8 +31,8 @@ from slurmhet.store import Database, Job, JobState, SlurmJob, add_event, list_jo
 from slurmhet.store.lock import dispatch_lock
 from slurmhet.store.models import ClusterSnapshot, ProgressMark, ThroughputObservation
 from slurmhet.shared_cluster import SharedCluster, read_shared
-from slurmhet.submission import (PLACED, UNPLACED, Candidate, Dispatcher, cancel_doomed, candidate_of,
-                                 dependency_verdicts, describe, dispatches,
+from slurmhet.submission import (PLACED, UNPLACED, Candidate, Dispatcher, after_ok_of, cancel_doomed, candidate_of,
+                                 dependency_verdicts, describe, dispatches, with_verdicts,
                                  foreign_gpu_nodes, next_round, plan_for, render_parts, stored_allocation,
                                  unplaceable)
 from slurmhet.site_table import learned_table, site_table
@@ -316,14 +316,14 @@ class Replanner:
             rounds = {j.id: next_round(j) for j in mine if j.state in UNPLACED and next_round(j)}
             waiting = [w for w in (waiting_in_slurm(j) for j in mine) if w is not None]
             live_jobs = [j for j in jobs if not j.state.final]
-            held, doomed = dependency_verdicts(session, live_jobs)
-            mine_doomed = {j.id: doomed[j.id] for j in mine if j.id in doomed}
+            found = dependency_verdicts(session, live_jobs)
+            mine_doomed = {j.id: found.doomed[j.id] for j in mine if j.id in found.doomed}
             if dry_run:
                 result.actions += [f"would cancel job {i}: {why}" for i, why in mine_doomed.items()]
             else:
-                result.actions += cancel_doomed(session, mine, mine_doomed)
+                result.actions += cancel_doomed(session, mine, mine_doomed, self.client.cancel)
             live_jobs = [j for j in live_jobs if not j.state.final and j.id not in mine_doomed]
-            candidates = [c if c is None else replace(c, held=held.get(c.job_id, ""))
+            candidates = [c if c is None else with_verdicts(c, found)
                           for c in (self._candidate(j, steps) for j in live_jobs)]
             retry_capped = {j.id for j in mine if j.state is JobState.SUBMIT_FAILED and j.attempts >= MAX_SUBMIT_ATTEMPTS}
         candidates = [c for c in candidates if c is not None]
@@ -351,7 +351,7 @@ class Replanner:
         work = dispatches(plan, ready, self.profile, self.settings, inventory, self.db.instance, table=table,
                           steps_done={c.job_id: int(c.samples_done // c.spec.global_batch) for c in candidates},
                           rounds=rounds, busy_nodes=foreign_gpu_nodes(queue, self.db.instance),
-                          partitions=shared.partitions())
+                          partitions=shared.partitions(), after_ok=after_ok_of(candidates))
         if dry_run:
             for d in work:
                 alloc = Allocation(d.fork.slots) if d.fork else plan.job(str(d.job_ids[0])).allocation

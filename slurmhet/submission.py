@@ -15,7 +15,7 @@ import pwd
 import sys
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -39,8 +39,8 @@ from slurmhet.spec import JobSpec, check_against_cluster, parse_job
 from slurmhet.startup import StartupCosts, learned_startup
 from slurmhet.store import Database, Job, JobState, SlurmJob, add_event, create_job, get_job, list_jobs
 from slurmhet.store.lock import dispatch_lock
-from slurmhet.sync import adopt_orphans, ask_slurm, sync_jobs
-from slurmhet.dependencies import preview_hold, resolve, verdicts
+from slurmhet.sync import FINAL_PART_STATES, adopt_orphans, ask_slurm, sync_jobs
+from slurmhet.dependencies import Verdicts, preview_hold, resolve, verdicts
 from slurmhet.site_table import live_table, site_table, with_specs
 from slurmhet.throughput import ThroughputTable
 
@@ -132,6 +132,8 @@ class Candidate:
     pack: str | None = None
     #: Why it may not be placed yet although it could be: predecessors (``after:``) still to complete.
     held: str = ""
+    #: Slurm ids its predecessors run as: placed now, it goes to Slurm with ``--dependency=afterok`` on them.
+    after_ok: tuple[str, ...] = ()
 
 
 def running_allocation(planned: Allocation, running: Sequence[tuple[str, int, str]]) -> Allocation:
@@ -167,30 +169,71 @@ def stored_allocation(job: Job) -> Allocation | None:
     return running_allocation(Allocation(tuple((n, t, int(c)) for n, t, c in slots)), running)
 
 
-def dependency_verdicts(session: Session, jobs: Sequence[Job]) -> tuple[dict[int, str], dict[int, str]]:
-    """(held, doomed) for the live ``jobs`` with ``after:`` (slurmhet/dependencies.py), predecessors read
+#: Part roles whose Slurm job is the whole rest of a running job: an afterok on it means "after the job".
+_FINAL_ROLES = frozenset({"batch", "sweep"})
+#: What a dependant waiting in Slurm on its afterok shows while its predecessors run.
+IN_SLURM_AFTER = "waits in Slurm for its predecessors to complete (afterok)"
+
+
+def final_slurm_jobs(job: Job) -> tuple[str, ...]:
+    """The Slurm ids whose completion is ``job``'s, while it runs as its final Slurm job (batch job or sweep
+    task); () otherwise (pending: replan may still move it; forked rounds, packs, het jobs, adopted parts)."""
+    live = [p for p in job.slurm_jobs if p.role != "superseded" and p.state not in FINAL_PART_STATES]
+    if job.state is not JobState.RUNNING or not live or any(p.role not in _FINAL_ROLES for p in live):
+        return ()
+    return tuple(sorted({p.target for p in live}))
+
+
+def dependency_verdicts(session: Session, jobs: Sequence[Job]) -> Verdicts:
+    """The verdicts for the live ``jobs`` with ``after:`` (slurmhet/dependencies.py), predecessors read
     from the store."""
     after = {j.id: [int(i) for i in j.spec.get("after") or ()] for j in jobs if not j.state.final
              and j.spec.get("after")}
     wanted = sorted({i for ids in after.values() for i in ids})
-    states = {row.id: (row.name, row.state) for row in session.execute(
-        select(Job.id, Job.name, Job.state).where(Job.id.in_(wanted)))} if wanted else {}
-    return verdicts(after, states)
+    preds = list(session.scalars(select(Job).where(Job.id.in_(wanted)))) if wanted else []
+    return verdicts(after, {p.id: (p.name, p.state) for p in preds}, {p.id: final_slurm_jobs(p) for p in preds})
 
 
-def cancel_doomed(session: Session, jobs: Sequence[Job], doomed: Mapping[int, str]) -> list[str]:
-    """Dependants whose predecessor failed: CANCELLED with the reason (held, they never reached Slurm)."""
+def with_verdicts(candidate: Candidate, found: Verdicts) -> Candidate:
+    """The candidate held by its predecessors, or chained to them in Slurm; one that already waits
+    there on its afterok keeps that hold."""
+    if candidate.held:
+        return candidate
+    if candidate.job_id in found.chained:
+        return replace(candidate, after_ok=found.chained[candidate.job_id])
+    return replace(candidate, held=found.held.get(candidate.job_id, ""))
+
+
+def cancel_doomed(session: Session, jobs: Sequence[Job], doomed: Mapping[int, str],
+                  cancel: Callable[[list[str]], None]) -> list[str]:
+    """Dependants whose predecessor failed: CANCELLED with the reason. One already in Slurm on its afterok
+    is scancelled first (``cancel``), so a failing scancel leaves it for the next run."""
     actions = []
     for job in jobs:
         if job.id in doomed and not job.state.final:
+            live = sorted({p.target for p in job.slurm_jobs if p.role != "superseded"
+                           and p.state not in FINAL_PART_STATES})
+            if live:
+                cancel(live)
+            for part in job.slurm_jobs:
+                if part.target in live:
+                    part.state = "CANCELLED"
             job.state, job.reason = JobState.CANCELLED, doomed[job.id]
-            add_event(session, job, "cancelled", doomed[job.id])
-            actions.append(f"job {job.id} ({job.name}) {doomed[job.id]}")
+            add_event(session, job, "cancelled", doomed[job.id], slurm_job_ids=live)
+            actions.append(f"job {job.id} ({job.name}) {doomed[job.id]}"
+                           + (f"; cancelled Slurm job(s) {','.join(live)}" if live else ""))
     return actions
 
 
 def candidate_of(job: Job, samples_done: float = 0.0) -> Candidate:
+    """The job as the planner sees it. One waiting in Slurm on its afterok holds no GPUs (Slurm keeps none
+    for it) and is not planned until Slurm releases it."""
     spec = parse_job(job.spec, f"store:job {job.id}")
+    live = [p for p in job.slurm_jobs if p.role != "superseded" and p.state not in FINAL_PART_STATES]
+    if job.state is JobState.SUBMITTED and live and all(p.state == "PENDING" and p.reason == "Dependency"
+                                                       for p in live):
+        return Candidate(job.id, spec, job.created_at.timestamp(), None, samples_done, job.owner,
+                         held=IN_SLURM_AFTER)
     current = stored_allocation(job) if job.state in PLACED else None
     packs = [p.slurm_job_id for p in job.slurm_jobs if p.role == "pack"]
     return Candidate(job.id, spec, job.created_at.timestamp(), current, samples_done, job.owner,
@@ -282,6 +325,8 @@ class Dispatch:
     parts: list[Part]
     #: HadarE: the job's forked copies this round (None: the plan's own allocation).
     fork: ForkedJob | None = None
+    #: An entrypoint job's predecessors in Slurm (emitted parts carry theirs in their options).
+    after_ok: tuple[str, ...] = ()
 
 
 @dataclass
@@ -304,19 +349,29 @@ def describe(alloc: Allocation | None) -> str:
     return " + ".join(f"{c}x{t}@{n}" for n, t, c in alloc.slots)
 
 
+def after_ok_of(candidates: Sequence[Candidate | None]) -> dict[int, tuple[str, ...]]:
+    """The Slurm ids each chained candidate goes to Slurm after (``--dependency=afterok``)."""
+    return {c.job_id: c.after_ok for c in candidates if c is not None and c.after_ok}
+
+
 def dispatches(plan: Plan, ready: dict[int, JobSpec], profile: SiteProfile, settings: Settings,
                inventory: Inventory, store_tag: str = "", *, table: ThroughputTable | None = None,
                steps_done: dict[int, int] | None = None, rounds: dict[int, int] | None = None,
-               busy_nodes: frozenset[str] = frozenset(), partitions: Mapping[str, str] | None = None) -> list[Dispatch]:
+               busy_nodes: frozenset[str] = frozenset(), partitions: Mapping[str, str] | None = None,
+               after_ok: Mapping[int, tuple[str, ...]] | None = None) -> list[Dispatch]:
     """Parts for every ready job the plan places now; co-location groups become one pack each.
 
     With ``table``, HadarE's Job Forker offers the GPUs the plan leaves idle to forkable jobs;
     a job it forks is emitted as copies (arrays + a consolidation) for round ``rounds[job]``.
+    A job in ``after_ok`` (its predecessors run in Slurm) goes alone, unforked and unpacked, with
+    ``--dependency=afterok`` on them: a pack or a round would wait for it, or it for their end.
     """
+    after_ok = after_ok or {}
     emit = emit_settings(settings, store_tag, inventory, partitions)
     table = with_specs(table, ready.values()) if table is not None else None
-    forks = job_forker(plan, inventory, table, ready, steps_done=steps_done, rounds=rounds, round_s=fork_round_s(),
-                       busy_nodes=busy_nodes) if table is not None else {}
+    forkable = {i: spec for i, spec in ready.items() if i not in after_ok}
+    forks = job_forker(plan, inventory, table, forkable, steps_done=steps_done, rounds=rounds,
+                       round_s=fork_round_s(), busy_nodes=busy_nodes) if table is not None else {}
     out: list[Dispatch] = []
     singles: list[tuple[int, JobSpec, Part]] = []
     groups: dict[str, list[tuple[int, JobSpec, JobPlan]]] = {}
@@ -330,13 +385,13 @@ def dispatches(plan: Plan, ready: dict[int, JobSpec], profile: SiteProfile, sett
             out.append(Dispatch((job_id,), (spec,), requests_for(
                 job_id, spec, job_plan, profile, emit, copies=fork.copies, round=fork.round,
                 round_steps=fork.round_steps), fork))
-        elif job_plan.colocation_group:
+        elif job_plan.colocation_group and job_id not in after_ok:
             groups.setdefault(job_plan.colocation_group, []).append((job_id, spec, job_plan))
         elif not spec.entrypoint:
-            singles += [(job_id, spec, part) for part in requests_for(job_id, spec, job_plan, profile, emit,
-                                                                      inventory=inventory)]
+            singles += [(job_id, spec, part) for part in requests_for(
+                job_id, spec, job_plan, profile, emit, inventory=inventory, after_ok=after_ok.get(job_id, ()))]
         else:
-            out.append(Dispatch((job_id,), (spec,), []))  # submitted through submitit
+            out.append(Dispatch((job_id,), (spec,), [], after_ok=after_ok.get(job_id, ())))  # through submitit
     for members in groups.values():
         if len(members) == 1 or any(spec.entrypoint for _, spec, _ in members):
             for job_id, spec, job_plan in members:
@@ -394,7 +449,7 @@ class Dispatcher:
         self.settings.log_dir.mkdir(parents=True, exist_ok=True)
         first = dispatch.job_ids[0]
         if not dispatch.parts:
-            return [self._submit_entrypoint(first, dispatch.specs[0], plan.job(str(first)))]
+            return [self._submit_entrypoint(first, dispatch.specs[0], plan.job(str(first)), dispatch.after_ok)]
         outcome = MultiPartSubmitter(self.client).submit(dispatch.parts)
         with self.db.transaction() as session:
             results = []
@@ -429,7 +484,8 @@ class Dispatcher:
                   cancel_failed=list(outcome.cancel_failed), maybe_submitted=outcome.maybe_submitted)
         return Outcome(job.id, spec.name, "SUBMIT_FAILED", ids, describe(alloc), outcome.message)
 
-    def _submit_entrypoint(self, job_id: int, spec: JobSpec, job_plan: JobPlan) -> Outcome:
+    def _submit_entrypoint(self, job_id: int, spec: JobSpec, job_plan: JobPlan,
+                           after_ok: tuple[str, ...] = ()) -> Outcome:
         """Python entrypoints go through submitit, so users keep its Job handles and results.
 
         submitit holds one resource shape per job, so the job runs on the plan's
@@ -451,7 +507,8 @@ class Dispatcher:
         executor.update_parameters(
             job_name=spec.name[:64], comment=f"slurmhet:{job_id}@{self.db.instance}", time=spec.time_limit_min or 60,
             nodes=len(slots), ntasks_per_node=1, **{gpu_key: gpu_value},
-            additional_parameters={**({"nodelist": nodelist} if nodelist else {}), **extra},
+            additional_parameters={**({"nodelist": nodelist} if nodelist else {}),
+                                   **({"dependency": "afterok:" + ":".join(after_ok)} if after_ok else {}), **extra},
         )
         try:  # sbatch runs outside the write transaction; a crash in between leaves an orphan that sync adopts
             handle = executor.submit(call_entrypoint, spec.entrypoint, list(spec.args), os.getcwd())
@@ -527,25 +584,25 @@ def submit_new(db: Database | None, dispatcher_args: tuple[SlurmClient, SiteProf
             jobs = list_jobs(session, states=UNPLACED + PLACED)
             sync_jobs(session, jobs, view)
             adopt_orphans(session, [j for j in jobs if j.owner == owner], queue, db.instance, owner)
-            held, doomed = dependency_verdicts(session, jobs)
-            cancel_doomed(session, [j for j in jobs if j.owner == owner], doomed)
+            found = dependency_verdicts(session, jobs)
+            cancel_doomed(session, [j for j in jobs if j.owner == owner], found.doomed, client.cancel)
             # A concurrent submit or replan may already have placed some of our new jobs: they are now
             # pinned like any placed job, and reported as they stand instead of being submitted again.
             mine = [get_job(session, i) for i in new_ids]  # finished ones too: `jobs` holds live jobs only
             placed = {j.id: j for j in mine if j is not None and j.state not in UNPLACED}
-            existing = [replace(candidate_of(j), held=held.get(j.id, "")) for j in jobs
+            existing = [with_verdicts(candidate_of(j), found) for j in jobs
                         if not j.state.final and (j.id not in set(new_ids) or j.id in placed)]
             gone = {j.id for j in jobs if j.id in set(new_ids) and j.state.final}
             rounds = {j.id: next_round(j) for j in jobs if not j.state.final and next_round(j)}
             startup = learned_startup(session)
             already = {i: Outcome(i, j.name, j.state.value, sorted({p.target for p in j.slurm_jobs}),
                                   describe(stored_allocation(j))) for i, j in placed.items()}
-        already.update({i: Outcome(i, spec.name, JobState.CANCELLED.value, [], "", doomed.get(i, ""))
+        already.update({i: Outcome(i, spec.name, JobState.CANCELLED.value, [], "", found.doomed.get(i, ""))
                         for i, (spec, _) in zip(new_ids, specs) if i in gone})
         pending = [(i, spec) for i, spec in zip(new_ids, specs) if i not in already]
         outcomes = _plan_and_dispatch(db, (client, profile, settings, runner), existing, [i for i, _ in pending],
                                       [spec for _, spec in pending], owner, inventory, table, now, progress, rounds,
-                                      shared=shared, queue=queue, startup=startup, held=held)
+                                      shared=shared, queue=queue, startup=startup, found=found)
         by_id = {o.job_id: o for o in outcomes} | already
         return [by_id[i] for i in new_ids]
 
@@ -575,9 +632,9 @@ def _plan_and_dispatch(db: Database, dispatcher_args: tuple[SlurmClient, SitePro
                        owner: str, inventory: Inventory, table: ThroughputTable, now: float,
                        progress: Progress | None, rounds: dict[int, int] | None = None,
                        *, shared: SharedCluster, queue: Sequence[QueueRecord],
-                       startup: StartupCosts | None = None, held: Mapping[int, str] | None = None) -> list[Outcome]:
+                       startup: StartupCosts | None = None, found: Verdicts | None = None) -> list[Outcome]:
     client, profile, settings, runner = dispatcher_args
-    fresh = [Candidate(i, spec, now, owner=owner, held=(held or {}).get(i, ""))
+    fresh = [with_verdicts(Candidate(i, spec, now, owner=owner), found or Verdicts({}, {}, {}))
              for i, (spec, _) in zip(new_ids, specs)]
     plan = plan_for(existing + fresh, inventory, table, settings.default_policy, now, progress, shared,
                     startup=startup)
@@ -595,7 +652,7 @@ def _plan_and_dispatch(db: Database, dispatcher_args: tuple[SlurmClient, SitePro
     for dispatch in dispatches(plan, {c.job_id: c.spec for c in unplaced}, profile, settings, inventory,
                                db.instance, table=table, steps_done=steps_done, rounds=rounds,
                                busy_nodes=foreign_gpu_nodes(queue, db.instance),
-                               partitions=shared.partitions()):
+                               partitions=shared.partitions(), after_ok=after_ok_of(unplaced)):
         for outcome in dispatcher.submit(dispatch, plan):
             results[outcome.job_id] = outcome
     waiting = unplaceable(fresh, inventory)

@@ -57,6 +57,7 @@ def _visible_jobs(obj: Context, session: Any, all_users: bool) -> list[Any]:
 def status(obj: Context, job_id: int | None, as_json: bool, all_users: bool) -> None:
     """Your jobs and their Slurm parts, refreshed from Slurm, with why each waiting job waits;
     with an ID, that job in full (spec, plan, speeds, Slurm parts, times, log files, events)."""
+    from slurmhet.jobview import slurm_dependency
     from slurmhet.submission import current_user, dependency_verdicts
     from slurmhet.sync import fetch_view, sync_jobs
 
@@ -76,13 +77,13 @@ def status(obj: Context, job_id: int | None, as_json: bool, all_users: bool) -> 
     with obj.db.transaction() as session:
         jobs = _visible_jobs(obj, session, all_users)
         sync_jobs(session, jobs, view)
-        held, _ = dependency_verdicts(session, jobs)  # predecessors as they stand now, not at the last plan
+        held = dependency_verdicts(session, jobs).held  # predecessors as they stand now, not at the last plan
         rows = [{
             "id": j.id, "name": j.name, "owner": j.owner, "group": j.spec.get("group"), "state": j.state.value,
             "reason": _pending_reason(j, held) if j.state is JobState.PENDING else j.reason,
             "slurm": [{"id": p.slurm_job_id, "role": p.role, "het_offset": p.het_offset, "array_task": p.array_task,
                        "gpu_type": p.gpu_type, "gpus": p.gpu_count, "state": p.state, "nodes": p.nodes,
-                       "reason": p.reason} for p in j.slurm_jobs],
+                       "reason": p.reason, "after": slurm_dependency(p.argv)} for p in j.slurm_jobs],
             "throughput_priors": list((j.plan or {}).get("priors") or ()),
             "logs": [str(part.path) for part in _log_parts(obj, j, files)],
             **(_waiting_view(j, context) if j.id not in held else _NOT_WAITING_FOR_GPUS),

@@ -81,12 +81,12 @@ def het_needs_nodelist(shapes: Sequence[GpuShape], inventory: Inventory | None) 
 
 
 def _common(job_id: int, spec: JobSpec, settings: EmitSettings, gpu_type: str | None, also: tuple[int, ...] = (),
-            profile: SiteProfile | None = None) -> Common:
+            profile: SiteProfile | None = None, after_ok: tuple[str, ...] = ()) -> Common:
     return Common(job_id=job_id, name=spec.name, log_dir=settings.log_dir, time_limit_min=spec.time_limit_min,
                   store_tag=settings.store_tag,
                   partition=partition_for(spec, settings, gpu_type), extra=spec.sbatch, also=also,
                   spank=bool(profile is not None and profile.spank_plugin), cpus_per_gpu=spec.cpus_per_gpu,
-                  mem_per_gpu_mb=spec.mem_per_gpu_mb, workdir=spec.workdir)
+                  mem_per_gpu_mb=spec.mem_per_gpu_mb, workdir=spec.workdir, after_ok=after_ok)
 
 
 def container_runtime_for(spec: JobSpec, profile: SiteProfile | None) -> str:
@@ -208,10 +208,11 @@ def gpu_shapes(allocation: Allocation, weights: Sequence[float]) -> tuple[list[G
 
 def requests_for(job_id: int, spec: JobSpec, job_plan: JobPlan, profile: SiteProfile, settings: EmitSettings, *,
                  copies: Sequence[Allocation] = (), round: int = 0, round_steps: Sequence[int] = (),
-                 inventory: Inventory | None = None) -> list[Part]:
+                 inventory: Inventory | None = None, after_ok: tuple[str, ...] = ()) -> list[Part]:
     """The parts that run ``job_plan`` (``copies``: HadarE's forked copies this round, one allocation each;
     ``round_steps``: each copy's share of the round's steps, exported as ``SLURMHET_ROUND_STEPS``;
-    ``inventory``: the cluster's nodes, which say whether het components must be pinned)."""
+    ``inventory``: the cluster's nodes, which say whether het components must be pinned; ``after_ok``:
+    Slurm jobs it must run after, its predecessors)."""
     launch = _launch(spec, settings, profile)
     if len(copies) > 1:
         if round_steps and len(round_steps) != len(copies):
@@ -225,13 +226,14 @@ def requests_for(job_id: int, spec: JobSpec, job_plan: JobPlan, profile: SitePro
     style = profile.gpu_request_style
     if len(shapes) == 1:
         s = shapes[0]
-        common = _common(job_id, spec, settings, s.gpu_type, profile=profile)
+        common = _common(job_id, spec, settings, s.gpu_type, profile=profile, after_ok=after_ok)
         nodelist = s.nodelist if s.nodes > 1 else ()  # one node of one type: any node of that type will do
         return [Part(BatchRequest(common, launch, s.gpu_type, s.gpus_per_node, s.nodes, nodelist, style, weights))]
     pin = het_needs_nodelist(shapes, inventory)
     components = tuple(replace(s, nodelist=s.nodelist if pin else (),
                                partition=partition_for(spec, settings, s.gpu_type)) for s in shapes)
-    return [Part(HetJobRequest(_common(job_id, spec, settings, None, profile=profile), launch, components, style,
+    return [Part(HetJobRequest(_common(job_id, spec, settings, None, profile=profile, after_ok=after_ok), launch,
+                               components, style,
                                weights))]
 
 

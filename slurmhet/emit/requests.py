@@ -60,6 +60,8 @@ class Common:
     cpus_per_gpu: int | None = None
     mem_per_gpu_mb: int | None = None
     workdir: str | None = None
+    #: Slurm jobs this one starts after, each completed successfully (``--dependency=afterok``).
+    after_ok: tuple[str, ...] = ()
 
     def options(self, log_pattern: str = "%j") -> list[str]:
         """Shared options; arrays pass ``%A_%a`` so a task's log names its array and index."""
@@ -83,6 +85,8 @@ class Common:
             opts.append(f"--mem-per-cpu={-(-self.mem_per_gpu_mb // (self.cpus_per_gpu or 1))}M")
         if self.workdir:
             opts.append(f"--chdir={self.workdir}")
+        if self.after_ok:
+            opts.append("--dependency=afterok:" + ":".join(self.after_ok))
         opts += [f"--{k}={v}" if v is not None else f"--{k}" for k, v in self.extra]
         return opts
 

@@ -1,5 +1,7 @@
-"""``after:`` on the dev cluster: a dependant waits in slurmhet until its predecessor completes, and is
-cancelled, never submitted, when its predecessor fails."""
+"""``after:`` on the dev cluster: a dependant waits in slurmhet while its predecessor is not yet running, goes to
+Slurm with ``--dependency=afterok`` once the predecessor runs as its final Slurm job (Slurm then starts it the
+moment the predecessor completes, with no replan in between), and is cancelled, in slurmhet and in Slurm, when
+its predecessor fails."""
 
 from __future__ import annotations
 
@@ -9,14 +11,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.helpers import accounting, cli, status
+from tests.cluster.helpers import accounting, cli, never_ran, status
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster")
 
 SPEC = """\
 jobs:
   - name: train
-    command: [bash, -c, "sleep 6; echo trained"]
+    command: [bash, -c, "sleep 25; echo trained"]
     workload: {model: ResNet-18, batch_size: 64}
     work: {steps: 10}
   - name: eval
@@ -25,7 +27,7 @@ jobs:
     workload: {model: ResNet-18, batch_size: 64}
     work: {steps: 10}
   - name: bad
-    command: [bash, -c, "exit 3"]
+    command: [bash, -c, "sleep 25; exit 3"]
     workload: {model: ResNet-18, batch_size: 64}
     work: {steps: 10}
   - name: after-bad
@@ -36,31 +38,59 @@ jobs:
 """
 
 
-def test_after_holds_until_the_predecessor_completes_and_cancels_when_it_fails(tmp_path: Path, state_dir: Path,
-                                                                               leftovers: list[str]) -> None:
+def _dependency(row: dict) -> str:
+    (part,) = row["slurm"]
+    return str(part["after"])
+
+
+def test_after_holds_then_chains_in_slurm_and_cancels_when_the_predecessor_fails(tmp_path: Path, state_dir: Path,
+                                                                                  leftovers: list[str]) -> None:
     spec = tmp_path / "deps.yaml"
     spec.write_text(SPEC)
     jobs = {j["name"]: j for j in json.loads(cli("submit", "--json", str(spec), state=state_dir).stdout)["jobs"]}
     leftovers.extend(i for j in jobs.values() for i in j["slurm_job_ids"])
     ids = {name: j["job_id"] for name, j in jobs.items()}
     assert jobs["train"]["state"] == jobs["bad"]["state"] == "SUBMITTED"
+    # Just submitted, the predecessor is not running yet: slurmhet holds the dependant itself.
     assert jobs["eval"]["state"] == "PENDING" and not jobs["eval"]["slurm_job_ids"]
-    reason = jobs["eval"]["reason"]  # the predecessor's state as planned (PENDING, then SUBMITTED in status)
+    reason = jobs["eval"]["reason"]
     assert reason.startswith(f"waits for job {ids['train']} (train, ") and reason.endswith(" to complete (after:)")
 
-    deadline = time.monotonic() + 240
+    # Once the predecessors run, a replan (cron) hands both dependants to Slurm with afterok on them.
+    deadline = time.monotonic() + 120
     while True:
-        cli("replan", "--once", state=state_dir)  # what cron does
+        cli("replan", "--once", state=state_dir)
         rows = status(state_dir)
-        if rows[ids["eval"]]["state"] == "COMPLETED" and rows[ids["after-bad"]]["state"] == "CANCELLED":
+        if rows[ids["eval"]]["slurm"] and rows[ids["after-bad"]]["slurm"]:
             break
         assert time.monotonic() < deadline, rows
+        time.sleep(1)
+    leftovers.extend(p["id"] for name in ("eval", "after-bad") for p in rows[ids[name]]["slurm"])
+    train_id, bad_id = (rows[ids[n]]["slurm"][0]["id"] for n in ("train", "bad"))
+    assert rows[ids["train"]]["state"] == rows[ids["bad"]]["state"] == "RUNNING"
+    assert _dependency(rows[ids["eval"]]) == f"afterok:{train_id}"
+    assert _dependency(rows[ids["after-bad"]]) == f"afterok:{bad_id}"
+    detail = cli("status", str(ids["eval"]), state=state_dir).stdout
+    assert f"starts after afterok:{train_id}" in detail, detail
+
+    # No replan from here on: Slurm itself starts eval when train completes.
+    while rows[ids["eval"]]["state"] != "COMPLETED":
+        assert time.monotonic() < deadline + 60, rows
         time.sleep(2)
-    assert rows[ids["train"]]["state"] == "COMPLETED" and rows[ids["bad"]]["state"] == "FAILED"
-    assert rows[ids["after-bad"]]["slurm"] == []  # never reached Slurm
-    assert rows[ids["after-bad"]]["reason"] == f"cancelled: job {ids['bad']} (bad) it runs after ended FAILED"
-    train_id = rows[ids["train"]]["slurm"][0]["id"]
+        rows = status(state_dir)
     eval_id = rows[ids["eval"]]["slurm"][0]["id"]
-    leftovers.append(eval_id)
     train, ev = ([r for r in accounting([i]) if not r.id.is_step][0] for i in (train_id, eval_id))
-    assert train.end is not None and ev.submit is not None and ev.submit >= train.end  # submitted after it ended
+    assert train.end is not None and ev.start is not None and train.end <= ev.start
+    assert ev.submit is not None and ev.submit < train.end  # in Slurm before its predecessor ended
+    assert (ev.start - train.end).total_seconds() < 30  # Slurm's scheduler, not a replan interval, started it
+
+    # bad fails: the next replan cancels after-bad with the reason, and its Slurm job, which never ran.
+    while rows[ids["after-bad"]]["state"] != "CANCELLED":
+        assert time.monotonic() < deadline + 120, rows
+        cli("replan", "--once", state=state_dir)
+        time.sleep(2)
+        rows = status(state_dir)
+    assert rows[ids["bad"]]["state"] == "FAILED"
+    assert rows[ids["after-bad"]]["reason"] == f"cancelled: job {ids['bad']} (bad) it runs after ended FAILED"
+    (after_bad,) = [r for r in accounting([rows[ids["after-bad"]]["slurm"][0]["id"]]) if not r.id.is_step]
+    assert after_bad.state == "CANCELLED" and never_ran(after_bad)

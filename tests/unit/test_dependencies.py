@@ -47,7 +47,18 @@ def test_bad_after_is_a_placed_error(jobs: tuple[tuple[str, str], ...], words: s
 
 def test_verdicts_hold_free_and_doom() -> None:
     states = {1: ("train", JobState.RUNNING), 2: ("prep", JobState.COMPLETED), 3: ("bad", JobState.FAILED)}
-    held, doomed = verdicts({10: [1, 2], 11: [2], 12: [2, 3], 13: [99]}, states)
+    held, doomed, chained = verdicts({10: [1, 2], 11: [2], 12: [2, 3], 13: [99]}, states)
+    assert chained == {}  # no predecessor runs as its final Slurm job: slurmhet holds them
     assert held == {10: "waits for job 1 (train, RUNNING) to complete (after:)"}
     assert doomed == {12: "cancelled: job 3 (bad) it runs after ended FAILED",
                       13: "cancelled: job 99 (?) it runs after ended CANCELLED"}  # 11 may go: prep completed
+
+
+def test_a_dependant_chains_in_slurm_only_when_every_open_predecessor_runs_as_its_final_slurm_job() -> None:
+    states = {1: ("train", JobState.RUNNING), 2: ("prep", JobState.COMPLETED), 3: ("sweep", JobState.RUNNING),
+              4: ("queued", JobState.SUBMITTED)}
+    final = {1: ("501",), 3: ("600_2",), 4: ()}  # 4 is pending in Slurm: replan may still move it
+    found = verdicts({10: [1, 2], 11: [1, 3], 12: [1, 4], 13: [2]}, states, final)
+    assert found.chained == {10: ("501",), 11: ("501", "600_2")}
+    assert set(found.held) == {10, 11, 12}  # chained ones still show why they wait until Slurm has them
+    assert found.held[12] == "waits for job 1 (train, RUNNING), job 4 (queued, SUBMITTED) to complete (after:)"

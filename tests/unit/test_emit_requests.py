@@ -249,3 +249,13 @@ def test_what_cannot_share_an_array_stays_alone() -> None:
     mixed = _variants({"a": (("nodea", "t4", 1),)}) + _variants({"b": (("nodea", "t4", 1),)}, cpus_per_gpu=4)
     mixed[1] = (11, *mixed[1][1:])
     assert [ids for ids, _, _ in sweep_arrays(mixed, SETTINGS, 1001)] == [(10,), (11,)]  # type: ignore[arg-type]
+
+
+def test_a_chained_job_goes_to_slurm_after_its_predecessors() -> None:
+    batch = requests_for(1, _spec(), _plan((("nodea", "t4", 1),)), PROFILE, SETTINGS, after_ok=("12", "13_2"))[0]
+    assert "--dependency=afterok:12:13_2" in batch.request.materialize().argv
+    het = requests_for(1, _spec(), _plan((("nodea", "t4", 1), ("nodeb", "v100", 1))), PROFILE, SETTINGS,
+                       after_ok=("12",))[0].request.materialize().argv
+    assert het.count("--dependency=afterok:12") == 2  # sbatch propagates it; every component says the same
+    plain = requests_for(1, _spec(), _plan((("nodea", "t4", 1),)), PROFILE, SETTINGS)[0].request.materialize().argv
+    assert not any(a.startswith("--dependency") for a in plain)

@@ -69,7 +69,8 @@ def test_job_detail_says_what_was_asked_planned_measured_and_where_output_is() -
                      "work: {steps: 100}\ngpus: {min: 1, max: 2, types: [v100, t4]}\n", "r.yaml")[0]
     part = SimpleNamespace(id=1, slurm_job_id="30", role="het", round=0, array_task=None, het_offset=0,
                            gpu_type="v100", gpu_count=2, nodes="nodea", state="COMPLETED", reason="",
-                           exit_code="0:0", submitted_at=at(1), started_at=at(2), ended_at=at(12))
+                           exit_code="0:0", submitted_at=at(1), started_at=at(2), ended_at=at(12),
+                           argv=["sbatch", "--dependency=afterok:29"])
     job = SimpleNamespace(id=5, name="r", owner="alice", state=JobState.COMPLETED, reason="", source="r.yaml",
                           attempts=1, plan={"policy": "slurmhet", "slots": [["nodea", "v100", 2]], "start_s": 0.0,
                                             "priors": ["t4"], "shard_weights": [0.5, 0.5]},
@@ -84,4 +85,4 @@ def test_job_detail_says_what_was_asked_planned_measured_and_where_output_is() -
     text = "\n".join(detail_lines(detail))
     assert "speed on t4: 640.0 samples/s [PRIOR] prior: catalog t4/v100" in text
     assert "plan: nodea:v100x2 (slurmhet)" in text and "predicted JCT 600 s" in text
-    assert "Slurm 30+0 [het] 2xv100 on nodea: COMPLETED" in text and "log: /l/slurmhet-5-30.out" in text
+    assert "Slurm 30+0 [het] 2xv100 on nodea: COMPLETED, exit 0:0, starts after afterok:29" in text and "log: /l/slurmhet-5-30.out" in text
