@@ -1,8 +1,9 @@
 """Where a slurmhet job's output is, Slurm part by Slurm part, and reading it as it grows.
 
-Every emitted script writes ``<log_dir>/slurmhet-<id>-<slurm id>.out`` (arrays:
-``<array id>_<task>``; a co-location pack's file carries its first member's id;
-submitit's entrypoint jobs write ``<slurm id>_<task>_log.out`` under the log dir).
+Every emitted script writes its stdout to ``<log_dir>/slurmhet-<id>-<slurm id>.out`` and its
+stderr beside it in ``.err`` (arrays: ``<array id>_<task>``; a co-location pack's files carry its
+first member's id; submitit's entrypoint jobs write ``<slurm id>_<task>_log.out``/``.err`` under
+the log dir; parts submitted before slurmhet split the streams have one merged ``.out``).
 A requeued run appends to its Slurm job's file; a job moved or resubmitted by
 ``replan``, a consolidation, a next forked round are new Slurm jobs, so new
 files. :func:`log_parts` orders them as they were submitted; it is pure.
@@ -40,10 +41,12 @@ class LogPart:
     slurm_id: str  # "123", or "123_4" for an array task
     path: Path
     header: str
+    #: Its stderr file (None: the part has none, its stderr went to ``path``).
+    stderr: Path | None = None
 
 
-_SCRIPT = re.compile(r"^slurmhet-\d+-(?P<sid>\d+)(?:_(?P<task>\d+))?\.out$")
-_SUBMITIT = re.compile(r"^(?P<sid>\d+)_(?P<task>\d+)_log\.out$")
+_SCRIPT = re.compile(r"^slurmhet-\d+-(?P<sid>\d+)(?:_(?P<task>\d+))?\.(?P<ext>out|err)$")
+_SUBMITIT = re.compile(r"^(?P<sid>\d+)_(?P<task>\d+)_log\.(?P<ext>out|err)$")
 
 
 def _describe(rows: Sequence[PartInfo]) -> str:
@@ -61,14 +64,15 @@ def log_parts(parts: Sequence[PartInfo], files: Iterable[Path]) -> list[LogPart]
     ``files`` is what the log directory holds (any names; others' files are ignored). A part that has
     written nothing yet has no file and is not listed.
     """
-    found: dict[tuple[str, int | None], Path] = {}
+    found: dict[tuple[str, int | None], dict[str, Path]] = {}
     for path in files:
         script = _SCRIPT.match(path.name)
         match = script or _SUBMITIT.match(path.name)
         if match is None:
             continue
         task = match.group("task") if script else None  # submitit's task index is not an array task
-        found.setdefault((match.group("sid"), int(task) if task is not None else None), path)
+        streams = found.setdefault((match.group("sid"), int(task) if task is not None else None), {})
+        streams.setdefault(match.group("ext"), path)
     groups: dict[str, list[PartInfo]] = {}
     for part in parts:
         if part.role != "superseded":
@@ -79,13 +83,17 @@ def log_parts(parts: Sequence[PartInfo], files: Iterable[Path]) -> list[LogPart]
         tasks = sorted({r.array_task for r in rows if r.array_task is not None})
         if tasks:
             for task in tasks:
-                path = found.get((sid, task))
-                if path is not None:
+                if (sid, task) in found:
                     mine = [r for r in rows if r.array_task == task]
-                    out.append(LogPart(f"{sid}_{task}", path, f"Slurm job {sid}_{task} ({_describe(mine)})"))
+                    out.append(_part(f"{sid}_{task}", found[(sid, task)], f"Slurm job {sid}_{task} ({_describe(mine)})"))
         elif (sid, None) in found:
-            out.append(LogPart(sid, found[(sid, None)], f"Slurm job {sid} ({_describe(rows)})"))
+            out.append(_part(sid, found[(sid, None)], f"Slurm job {sid} ({_describe(rows)})"))
     return out
+
+
+def _part(slurm_id: str, streams: dict[str, Path], header: str) -> LogPart:
+    err = streams.get("err")
+    return LogPart(slurm_id, streams.get("out") or err.with_suffix(".out"), header, err)  # type: ignore[union-attr]
 
 
 def _numeric(slurm_id: str) -> int:

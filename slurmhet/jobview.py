@@ -53,7 +53,8 @@ def job_detail(job: Any, spec: JobSpec, events: Sequence[Any], logs: Sequence[Lo
                    "after": slurm_dependency(p.argv), "submitted": _iso(p.submitted_at), "started": _iso(p.started_at), "ended": _iso(p.ended_at)}
                   for p in sorted(job.slurm_jobs, key=lambda p: (p.submitted_at, p.id))],
         "waiting": dict(waiting),
-        "logs": [{"slurm_id": lp.slurm_id, "path": str(lp.path), "part": lp.header} for lp in logs],
+        "logs": [{"slurm_id": lp.slurm_id, "path": str(lp.path), "stderr": str(lp.stderr) if lp.stderr else None,
+                  "part": lp.header} for lp in logs],
         "events": [{"at": _iso(e.at), "kind": e.kind, "message": e.message} for e in events],
     }
 
@@ -93,7 +94,8 @@ def detail_lines(d: Mapping[str, Any]) -> list[str]:
     if why:
         lines.append("  waiting: " + "; ".join(str(w) for w in why))
     for log in d["logs"]:
-        lines.append(f"  log: {log['path']}  ({log['part']})")
+        lines.append(f"  log: {log['path']}" + (f", stderr {log['stderr']}" if log.get("stderr") else "")
+                     + f"  ({log['part']})")
     for e in d["events"][-20:]:
         lines.append(f"  {e['at']} {e['kind']}: {e['message']}")
     return lines

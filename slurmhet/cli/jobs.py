@@ -86,6 +86,7 @@ def status(obj: Context, job_id: int | None, as_json: bool, all_users: bool) -> 
                        "reason": p.reason, "after": slurm_dependency(p.argv)} for p in j.slurm_jobs],
             "throughput_priors": list((j.plan or {}).get("priors") or ()),
             "logs": [str(part.path) for part in _log_parts(obj, j, files)],
+            "stderr_logs": [str(part.stderr) for part in _log_parts(obj, j, files) if part.stderr],
             **(_waiting_view(j, context) if j.id not in held else _NOT_WAITING_FOR_GPUS),
         } for j in jobs]
     if as_json:
@@ -228,8 +229,16 @@ def _own_job(obj: Context, session: Any, job_id: int) -> Any:
 def _log_files(obj: Context) -> list[Path]:
     """Emitted scripts' logs, and submitit's (entrypoint jobs) in their per-job folders."""
     log_dir, submitit_dir = obj.settings.log_dir, obj.settings.state_dir / "submitit"
-    return ((list(log_dir.glob("*.out")) if log_dir.is_dir() else [])
-            + (list(submitit_dir.glob("*/*_log.out")) if submitit_dir.is_dir() else []))
+    return ((list(log_dir.glob("*.out")) + list(log_dir.glob("*.err")) if log_dir.is_dir() else [])
+            + (list(submitit_dir.glob("*/*_log.out")) + list(submitit_dir.glob("*/*_log.err"))
+               if submitit_dir.is_dir() else []))
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _log_parts(obj: Context, job: Any, files: list[Path] | None = None) -> list[Any]:
@@ -367,10 +376,12 @@ def result(obj: Context, job_id: int, rank: int, as_json: bool) -> None:
 @click.option("--follow", "-f", is_flag=True, help="keep printing as the job writes, until it ends (like tail -f)")
 @click.option("--part", "part_no", type=click.IntRange(min=1), default=None,
               help="only part K, as numbered in the headers")
+@click.option("--stderr", "stderr", is_flag=True, help="the parts' stderr instead of their stdout")
 @click.pass_obj
-def logs(obj: Context, job_id: int, follow: bool, part_no: int | None) -> None:
+def logs(obj: Context, job_id: int, follow: bool, part_no: int | None, stderr: bool) -> None:
     """The output of job ID across all its Slurm parts (components, array copies, consolidations,
-    resubmissions) in order, each headed by its Slurm id, GPUs and nodes; stdout and stderr share a file."""
+    resubmissions) in order, each headed by its Slurm id, GPUs and nodes; stdout, or with --stderr stderr
+    (a part that wrote to stderr says so after its stdout)."""
     import time
 
     from slurmhet.joblogs import Tail, numbered
@@ -384,14 +395,18 @@ def logs(obj: Context, job_id: int, follow: bool, part_no: int | None) -> None:
             raise InputError(f"job {job_id} has {len(listed)} part(s) with output", place="--part",
                              hint="leave --part out to see them all")
         for number, part in listed:
-            if part_no is not None and number != part_no:
-                continue
-            first = not tail.seen(part.path)
-            data = tail.read_new(part.path)
+            path = part.stderr if stderr else part.path
+            if (part_no is not None and number != part_no) or path is None:
+                continue  # --stderr: a part from before the streams were split has it in its stdout
+            first = not tail.seen(path)
+            data = tail.read_new(path)
             if first:
-                click.echo(f"==> part {number}: {part.header} <==")
+                click.echo(f"==> part {number}: {part.header}" + (" stderr" if stderr else "") + " <==")
             sys.stdout.write(data.decode("utf-8", errors="replace"))
             sys.stdout.flush()
+            if not follow and not stderr and part.stderr is not None and _size(part.stderr):
+                click.echo(f"(part {number} also wrote to stderr: slurmhet logs {job_id} --stderr --part {number})",
+                           err=True)
         if not follow or job.state.final:
             if follow or not listed:
                 click.echo(f"==> job {job_id} {job.state.value}" + (f": {job.reason}" if job.reason else "") + " <==")

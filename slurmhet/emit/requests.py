@@ -70,6 +70,7 @@ class Common:
             f"--job-name={slurm_job_name(self.name)}",
             f"--comment=slurmhet:{ids}" + (f"@{self.store_tag}" if self.store_tag else ""),
             f"--output={self.log_dir}/slurmhet-{self.job_id}-{log_pattern}.out",
+            f"--error={self.log_dir}/slurmhet-{self.job_id}-{log_pattern}.err",
             f"--signal=B:USR2@{self.signal_s}",
             "--open-mode=append",  # a requeued run must not truncate the log of the run it continues
         ]

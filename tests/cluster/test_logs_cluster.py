@@ -14,7 +14,7 @@ pytestmark = pytest.mark.usefixtures("slurm_cluster")
 
 def test_logs_follow_a_het_job_until_it_ends_and_status_id_shows_it_whole(tmp_path: Path, state_dir: Path,
                                                                           leftovers: list[str]) -> None:
-    script = "echo start rank=$RANK type=$SLURMHET_GPU_TYPE; sleep 8; echo end rank=$RANK"
+    script = "echo start rank=$RANK type=$SLURMHET_GPU_TYPE; echo warn rank=$RANK >&2; sleep 8; echo end rank=$RANK"
     spec = write(tmp_path / "het.yaml", job("het-logs", ["bash", "-c", script], "{min: 6, max: 6, types: [v100, t4]}"))
     [out] = json.loads(cli("submit", "--json", str(spec), state=state_dir).stdout)["jobs"]
     leftovers.extend(out["slurm_job_ids"])
@@ -34,6 +34,13 @@ def test_logs_follow_a_het_job_until_it_ends_and_status_id_shows_it_whole(tmp_pa
     assert one.startswith(f"==> part 1: Slurm job {slurm_id} (het;") and "COMPLETED) <==" in one.splitlines()[0]
     # The finished job's one part, the same bytes as followed (its header now says COMPLETED).
     assert one.split("\n", 1)[1] == followed.stdout.rsplit("==> job", 1)[0].split("\n", 1)[1]
+    assert "warn rank=" not in followed.stdout and "warn rank=" not in one  # stdout only
+    # stderr is its own file per part: `--stderr` shows it, and plain `logs` says the part wrote some.
+    plain = cli("logs", str(job_id), state=state_dir)
+    assert f"(part 1 also wrote to stderr: slurmhet logs {job_id} --stderr --part 1)" in plain.stderr
+    errors = cli("logs", "--stderr", str(job_id), state=state_dir).stdout.splitlines()
+    assert errors[0].startswith(f"==> part 1: Slurm job {slurm_id} (het;") and errors[0].endswith(" stderr <==")
+    assert sorted(errors[1:]) == sorted(f"warn rank={r}" for r in range(6))
     bad = cli("logs", "--part", "2", str(job_id), state=state_dir, check=False)
     assert bad.returncode == 2 and "has 1 part(s) with output" in bad.stderr
 
@@ -42,6 +49,7 @@ def test_logs_follow_a_het_job_until_it_ends_and_status_id_shows_it_whole(tmp_pa
     assert sorted((p["het_offset"], p["gpu_type"], p["gpus"]) for p in detail["slurm"]) == [(0, "v100", 4),
                                                                                           (1, "t4", 2)]
     assert [Path(log["path"]).name for log in detail["logs"]] == [f"slurmhet-{job_id}-{slurm_id}.out"]
+    assert [Path(log["stderr"]).name for log in detail["logs"]] == [f"slurmhet-{job_id}-{slurm_id}.err"]
     assert {"stored", "submitted"} <= {e["kind"] for e in detail["events"]}
     text = cli("status", str(job_id), state=state_dir).stdout
     assert f"job {job_id} 'het-logs'" in text and "speed on v100:" in text and "log: " in text

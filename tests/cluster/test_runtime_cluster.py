@@ -121,7 +121,7 @@ def test_het_job_with_unequal_shards_matches_the_single_process_run(tmp_path: Pa
     assert set(by_offset) == {0, 1}, records
     assert by_offset[0].gpus_by_type() == {"t4": 1} and by_offset[0].nodes == "nodeb"
     assert by_offset[1].gpus_by_type() == {"v100": 2} and by_offset[1].nodes == "nodea"
-    log = (tmp_path / f"slurmhet-9101-{slurm_id}.out").read_text()
+    log = _log(tmp_path / f"slurmhet-9101-{slurm_id}.out")
     assert all(r.state == "COMPLETED" for r in records), log
     (het,) = summaries(log)  # only rank 0 prints
     assert het["world_size"] == 3 and het["steps"] == 12 and het["state"] == "done"
@@ -178,11 +178,11 @@ def test_forked_copies_consolidate_between_rounds(tmp_path: Path, client: SlurmC
     assert c1.end is not None and all(t.start is not None and t.start >= c1.end for t in tasks(array2))
     assert c2.start is not None and all(t.end is not None and c2.start >= t.end for t in tasks(array2))
 
-    cons_logs = [(tmp_path / f"slurmhet-9201-{i}.out").read_text() for i in (cons1, cons2)]
+    cons_logs = [_log(tmp_path / f"slurmhet-9201-{i}.out") for i in (cons1, cons2)]
     assert "job at step 14" in cons_logs[0] and "job at step 28" in cons_logs[1], cons_logs
     for task in (0, 1):
-        first = (tmp_path / f"slurmhet-9201-{array1}_{task}.out").read_text()
-        second = (tmp_path / f"slurmhet-9201-{array2}_{task}.out").read_text()
+        first = _log(tmp_path / f"slurmhet-9201-{array1}_{task}.out")
+        second = _log(tmp_path / f"slurmhet-9201-{array2}_{task}.out")
         assert [(s["start_steps"], s["steps"]) for s in summaries(first)] == [(0, 7)], first
         assert [(s["start_steps"], s["steps"]) for s in summaries(second)] == [(14, 21)], second
         assert f"resuming from {ckpt / 'consolidated.pt'} at step 14" in second
@@ -209,6 +209,12 @@ def test_forked_copies_consolidate_between_rounds(tmp_path: Path, client: SlurmC
 # --------------------------------------------------------------------------- 3. co-location pack
 
 
+def _log(out: Path) -> str:
+    """A part's stdout, then its stderr (Slurm writes them to ``.out`` and ``.err``)."""
+    err = out.with_suffix(".err")
+    return out.read_text() + (err.read_text() if err.exists() else "")
+
+
 def _member_lines(log: str) -> dict[str, tuple[int, float]]:
     """run-pack's 'member NAME: exit status N after Ts' lines -> {name: (status, seconds)}."""
     found = re.findall(r"member (\S+): exit status (\d+) after ([\d.]+)s", log)
@@ -230,7 +236,7 @@ def test_pack_runs_train_members_concurrently_under_private_mps(tmp_path: Path) 
                        sharing="mps", share_count=100, nodelist=("nodea",))
     (slurm_id,) = submit(client, [Part(pack)])
     (record,) = settled(client, [slurm_id], 1)
-    log = (tmp_path / f"slurmhet-9301-{slurm_id}.out").read_text()
+    log = _log(tmp_path / f"slurmhet-9301-{slurm_id}.out")
     assert record.state == "FAILED" and record.exit_code == "3:0", (record, log)
     assert record.alloc_tres.get("gres/mps") == 100 and record.nodes == "nodea"
 
@@ -318,7 +324,7 @@ def test_signal_checkpoints_then_ends_on_timeout_or_requeues_on_preemption(tmp_p
                                     timeout=30).stdout.strip()
             if reason == "BeginTime":
                 if first_run is None:  # between the runs: what the preempted run left (sbatch truncates the log)
-                    first_run = (read_record(p_progress), p_log.read_text())
+                    first_run = (read_record(p_progress), _log(p_log))
                 # Slurm holds a requeued batch job for 120 s (Reason=BeginTime) once it is pending again;
                 # an operator's nudge keeps the test short.
                 subprocess.run(["scontrol", "update", f"JobId={p_slurm}", "StartTime=now"], check=True, timeout=30)
@@ -328,7 +334,7 @@ def test_signal_checkpoints_then_ends_on_timeout_or_requeues_on_preemption(tmp_p
         client.cancel([s for _, s, _, _ in jobs.values()])
 
     # Timeout: rank 0 checkpointed at the step it stopped, the job ended cleanly, no requeue.
-    log = (tmp_path / f"slurmhet-{t_id}-{t_slurm}.out").read_text()
+    log = _log(tmp_path / f"slurmhet-{t_id}-{t_slurm}.out")
     assert (t_record.state, t_record.exit_code) == ("COMPLETED", "0:0"), log
     (summary,) = summaries(log)
     stopped = int(summary["steps"])  # type: ignore[arg-type]
@@ -353,7 +359,7 @@ def test_signal_checkpoints_then_ends_on_timeout_or_requeues_on_preemption(tmp_p
     assert f"stopping after step {preempted_at}: preempted; requeued" in log
     assert record is not None
     assert (record.state, record.steps_done, record.exit_code) == ("preempted", preempted_at, 0)
-    log = p_log.read_text()  # --open-mode=append: the requeued run's output follows the first run's
+    log = _log(p_log)  # --open-mode=append: the requeued run's output follows the first run's
     first, run = summaries(log)
     assert first["state"] == "preempted" and f"stopping after step {preempted_at}: preempted; requeued" in log
     assert f"resuming from {p_ckpt / 'checkpoint.pt'} at step {preempted_at}" in log

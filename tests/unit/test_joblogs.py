@@ -53,6 +53,22 @@ def test_submitit_and_pack_files_are_found_by_their_slurm_id() -> None:
     assert [(p.slurm_id, p.path.name) for p in found] == [("77", "77_0_log.out"), ("88", "slurmhet-4-88.out")]
 
 
+def test_each_part_pairs_its_stdout_with_its_stderr_file() -> None:
+    parts = [PartInfo("77", "batch", at(0), "COMPLETED", "t4", 1, "nodeb"),
+             PartInfo("88", "batch", at(1), "FAILED", "t4", 1, "nodeb"),
+             PartInfo("90", "sweep", at(2), "RUNNING", "t4", 1, "nodeb", array_task=3)]
+    files = FILES + [Path("/l/submitit/77_0_log.err"), Path("/l/slurmhet-4-88.err"), Path("/l/slurmhet-3-90_3.err"),
+                     Path("/l/slurmhet-3-90_3.out"), Path("/l/slurmhet-3-90_2.err")]
+    found = {p.slurm_id: p for p in log_parts(parts, files)}
+    assert sorted(found) == ["77", "88", "90_3"]  # 90_2 is another variant's task
+    assert (found["77"].path.name, found["77"].stderr.name) == ("77_0_log.out", "77_0_log.err")  # type: ignore[union-attr]
+    # A part whose stdout file is not there yet is listed by its stderr; its stdout path is where it will be.
+    assert (found["88"].path.name, found["88"].stderr.name) == ("slurmhet-4-88.out", "slurmhet-4-88.err")  # type: ignore[union-attr]
+    assert found["90_3"].stderr == Path("/l/slurmhet-3-90_3.err")
+    old = log_parts([PartInfo("10", "batch", at(0), "COMPLETED", "v100", 2, "nodea")], FILES)
+    assert old[0].stderr is None  # submitted before the streams were split: one merged .out
+
+
 def test_tail_reads_only_what_was_added(tmp_path: Path) -> None:
     path = tmp_path / "slurmhet-1-2.out"
     tail = Tail()
