@@ -96,6 +96,16 @@ def _part(slurm_id: str, streams: dict[str, Path], header: str) -> LogPart:
     return LogPart(slurm_id, streams.get("out") or err.with_suffix(".out"), header, err)  # type: ignore[union-attr]
 
 
+def stderr_file(argv: Sequence[str], slurm_job_id: str, array_task: int | None = None) -> Path | None:
+    """Where a part's stderr went: its sbatch ``--error`` pattern with Slurm's ``%j``/``%A``/``%a`` filled in
+    (None: a part submitted without one, whose stderr is in its ``.out``)."""
+    pattern = next((a.removeprefix("--error=") for a in argv if a.startswith("--error=")), None)
+    if pattern is None:
+        return None
+    task = "" if array_task is None else str(array_task)
+    return Path(pattern.replace("%A", slurm_job_id).replace("%a", task).replace("%j", slurm_job_id))
+
+
 def _numeric(slurm_id: str) -> int:
     return int(slurm_id) if slurm_id.isdigit() else 0
 

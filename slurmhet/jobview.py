@@ -56,7 +56,19 @@ def job_detail(job: Any, spec: JobSpec, events: Sequence[Any], logs: Sequence[Lo
         "logs": [{"slurm_id": lp.slurm_id, "path": str(lp.path), "stderr": str(lp.stderr) if lp.stderr else None,
                   "part": lp.header} for lp in logs],
         "events": [{"at": _iso(e.at), "kind": e.kind, "message": e.message} for e in events],
+        "last_failure": _last_failure(events),
     }
+
+
+def _last_failure(events: Sequence[Any]) -> dict[str, Any] | None:
+    """The latest failed run as the failure rules saw it: exit code, Slurm's state, its stderr's tail."""
+    failures = [e for e in events if e.kind in ("failed", "retried") and getattr(e, "data", None)]
+    if not failures:
+        return None
+    data = failures[-1].data
+    return {"at": _iso(failures[-1].at), "verdict": failures[-1].kind, "reason": failures[-1].message,
+            **{k: data.get(k) for k in ("slurm_job_ids", "exit_code", "slurm_state", "ran_s", "stderr",
+                                        "stderr_tail", "unusable")}}
 
 
 def slurm_dependency(argv: Sequence[str]) -> str:
@@ -93,6 +105,15 @@ def detail_lines(d: Mapping[str, Any]) -> list[str]:
     why = [v for k, v in d["waiting"].items() if v and k in ("slurm_reason", "why")]
     if why:
         lines.append("  waiting: " + "; ".join(str(w) for w in why))
+    failure = d.get("last_failure")
+    if failure:
+        lines.append(f"  last failure ({failure['verdict']}): Slurm {','.join(failure['slurm_job_ids'] or [])} "
+                     f"{failure['slurm_state']}, exit {failure['exit_code'] or '-'}"
+                     + (f" after {failure['ran_s']:.0f} s" if failure["ran_s"] is not None else "")
+                     + f": {failure['reason']}")
+        if failure["stderr_tail"]:
+            lines.append(f"  its stderr, last {len(failure['stderr_tail'])} lines ({failure['stderr']}):")
+            lines += [f"    | {line}" for line in failure["stderr_tail"]]
     for log in d["logs"]:
         lines.append(f"  log: {log['path']}" + (f", stderr {log['stderr']}" if log.get("stderr") else "")
                      + f"  ({log['part']})")

@@ -135,10 +135,18 @@ def displaced(job: Job, inventory: Inventory) -> bool:
     alloc = stored_allocation(job)
     if job.state is not JobState.SUBMITTED or alloc is None:
         return False
-    if any(p.state != "PENDING" for p in job.slurm_jobs if p.role != "superseded"):
+    if any(p.state != "PENDING" for p in job.slurm_jobs if p.current):
         return False
     usable = {n.name for n in inventory.usable().nodes}
     return any(node not in usable for node, _, _ in alloc.slots)
+
+
+def dependency_lost(job: Job) -> bool:
+    """A dependant waiting in Slurm on an afterok that can no longer be met: the predecessor run it names
+    failed and was retried under a new Slurm id (one that failed for good dooms the dependant instead)."""
+    parts = [p for p in job.slurm_jobs if p.current]
+    return job.state is JobState.SUBMITTED and bool(parts) and all(
+        p.state == "PENDING" and p.reason == "DependencyNeverSatisfied" for p in parts)
 
 
 @dataclass(frozen=True)
@@ -153,7 +161,7 @@ class Waiting:
 
 def waiting_in_slurm(job: Job) -> Waiting | None:
     """The job as a candidate for the move rule, or None when it started, runs, or is not a plain pending job."""
-    parts = [p for p in job.slurm_jobs if p.role != "superseded"]
+    parts = [p for p in job.slurm_jobs if p.current]
     alloc = stored_allocation(job)
     if job.state is not JobState.SUBMITTED or job.started_at is not None or not parts or alloc is None:
         return None
@@ -297,14 +305,18 @@ class Replanner:
             for event in result.events:
                 add_event(session, None, "reset", event)
             for job in mine:
-                if displaced(job, inventory):
-                    live = sorted({p.target for p in job.slurm_jobs if p.state == "PENDING"})
-                    result.actions.append(f"cancel Slurm job(s) {','.join(live)} of job {job.id}: nodes gone")
+                why = ("its nodes became unavailable" if displaced(job, inventory) else
+                       "the Slurm job(s) it was to start after will never complete (a predecessor was retried)"
+                       if dependency_lost(job) else "")
+                if why:
+                    live = sorted({p.target for p in job.slurm_jobs if p.current and p.state == "PENDING"})
+                    result.actions.append(f"cancel Slurm job(s) {','.join(live)} of job {job.id}: {why}")
                     if not dry_run:
                         self.client.cancel(live)
                         for part in job.slurm_jobs:
-                            part.role, part.state = "superseded", "CANCELLED"
-                        job.state, job.reason = JobState.PENDING, "re-planned: its nodes became unavailable"
+                            if part.current:
+                                part.role, part.state = "superseded", "CANCELLED"
+                        job.state, job.reason = JobState.PENDING, f"re-planned: {why}"
                         add_event(session, job, "displaced", job.reason, slurm_job_ids=live)
             steps = job_steps(read_progress(self.settings.progress_dir))
             # Forked jobs whose round ended: the sync leaves them open for the Job Tracker.
@@ -378,7 +390,7 @@ class Replanner:
             job = session.get(Job, move.job_id)
             assert job is not None
             for part in job.slurm_jobs:
-                if part.role != "superseded":
+                if part.current:
                     part.role, part.state = "superseded", "CANCELLED"
             job.state, job.reason = JobState.PENDING, f"moved: {note}"
             add_event(session, job, "reset", note, slurm_job_ids=list(move.slurm_job_ids),

@@ -198,7 +198,9 @@ def fold(job: StoredJob, records: Iterable[AccountingRecord], shares: Mapping[st
             hours[gpu_type] = hours.get(gpu_type, 0.0) + value / split
     submits = [r.submit for r in mine if r.submit]
     starts = [r.start for r in mine if r.start]
-    state = _job_state([r.state for r in mine])
+    # The latest run decides: a run moved away (cancelled) or retried after a failure said nothing final.
+    latest = max(mine, key=lambda r: r.submit.timestamp() if r.submit else 0.0).id.job if mine else None
+    state = _job_state([r.state for r in mine if r.id.job == latest])
     ends = [r.end for r in mine if r.end] if state in _FINAL else []
     if job.stored_at is not None:
         submits.append(as_utc(job.stored_at))

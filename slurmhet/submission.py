@@ -165,7 +165,7 @@ def stored_allocation(job: Job) -> Allocation | None:
     if not slots:
         return None
     running = [(p.gpu_type, p.gpu_count, p.nodes) for p in job.slurm_jobs
-               if p.state == "RUNNING" and p.gpu_type and p.role != "superseded"]
+               if p.state == "RUNNING" and p.gpu_type and p.current]
     return running_allocation(Allocation(tuple((n, t, int(c)) for n, t, c in slots)), running)
 
 
@@ -178,7 +178,7 @@ IN_SLURM_AFTER = "waits in Slurm for its predecessors to complete (afterok)"
 def final_slurm_jobs(job: Job) -> tuple[str, ...]:
     """The Slurm ids whose completion is ``job``'s, while it runs as its final Slurm job (batch job or sweep
     task); () otherwise (pending: replan may still move it; forked rounds, packs, het jobs, adopted parts)."""
-    live = [p for p in job.slurm_jobs if p.role != "superseded" and p.state not in FINAL_PART_STATES]
+    live = [p for p in job.slurm_jobs if p.current and p.state not in FINAL_PART_STATES]
     if job.state is not JobState.RUNNING or not live or any(p.role not in _FINAL_ROLES for p in live):
         return ()
     return tuple(sorted({p.target for p in live}))
@@ -211,7 +211,7 @@ def cancel_doomed(session: Session, jobs: Sequence[Job], doomed: Mapping[int, st
     actions = []
     for job in jobs:
         if job.id in doomed and not job.state.final:
-            live = sorted({p.target for p in job.slurm_jobs if p.role != "superseded"
+            live = sorted({p.target for p in job.slurm_jobs if p.current
                            and p.state not in FINAL_PART_STATES})
             if live:
                 cancel(live)
@@ -229,7 +229,7 @@ def candidate_of(job: Job, samples_done: float = 0.0) -> Candidate:
     """The job as the planner sees it. One waiting in Slurm on its afterok holds no GPUs (Slurm keeps none
     for it) and is not planned until Slurm releases it."""
     spec = parse_job(job.spec, f"store:job {job.id}")
-    live = [p for p in job.slurm_jobs if p.role != "superseded" and p.state not in FINAL_PART_STATES]
+    live = [p for p in job.slurm_jobs if p.current and p.state not in FINAL_PART_STATES]
     if job.state is JobState.SUBMITTED and live and all(p.state == "PENDING" and p.reason == "Dependency"
                                                        for p in live):
         return Candidate(job.id, spec, job.created_at.timestamp(), None, samples_done, job.owner,

@@ -10,12 +10,16 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Iterable, Sequence
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from slurmhet.slurm.client import SlurmClient
 from slurmhet.slurm.parsers import AccountingRecord, QueueRecord
 from slurmhet.store.db import Database
-from slurmhet.store.models import Job, JobState, SlurmJob
+from slurmhet.failures import FailedRun, judge, tail
+from slurmhet.gpu_catalog import builtin
+from slurmhet.joblogs import stderr_file
+from slurmhet.store.models import ClusterSnapshot, Event, Job, JobState, SlurmJob
 from slurmhet.store.records import add_event, list_jobs
 
 _FAILED = {"FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
@@ -51,6 +55,11 @@ def _combine(states: list[str]) -> str:
     return "COMPLETED" if states else "UNKNOWN"
 
 
+def _failed_as(records: Sequence[QueueRecord] | Sequence[AccountingRecord]) -> str:
+    """How Slurm says a part failed (NODE_FAIL, OUT_OF_MEMORY, ...): its combined state says only FAILED."""
+    return ",".join(sorted({r.state for r in records if r.state in _FAILED}))
+
+
 def status_from_queue(part: SlurmJob, records: Sequence[QueueRecord]) -> PartStatus | None:
     mine = [r for r in records if r.root_id == part.slurm_job_id and _matches(part, r.het_offset, r.array_task)]
     if not mine:
@@ -59,7 +68,7 @@ def status_from_queue(part: SlurmJob, records: Sequence[QueueRecord]) -> PartSta
     # A pending job's start is Slurm's expectation and a live job's end its time limit: neither happened yet.
     starts = [r.start for r in mine if r.start] if state not in ("PENDING", "REQUEUED") else []
     ends = [r.end for r in mine if r.end] if state in FINAL_PART_STATES else []
-    return PartStatus(state, reason=mine[0].reason if mine[0].reason != "None" else "",
+    return PartStatus(state, reason=_failed_as(mine) or (mine[0].reason if mine[0].reason != "None" else ""),
                       nodes=",".join(sorted({r.nodes for r in mine if r.nodes})),
                       start=min(starts) if starts else None, end=max(ends) if ends else None)
 
@@ -74,7 +83,7 @@ def status_from_accounting(part: SlurmJob, records: Sequence[AccountingRecord]) 
     state = _combine([r.state for r in mine])
     exit_codes = [r.exit_code for r in mine if r.exit_code not in ("0:0", "")]
     return PartStatus(
-        state,
+        state, reason=_failed_as(mine),
         nodes=",".join(sorted({r.nodes for r in mine if r.nodes and r.nodes != "None assigned"})),
         exit_code=exit_codes[0] if exit_codes else "0:0",
         alloc_tres=";".join(",".join(f"{k}={v:g}" for k, v in sorted(r.alloc_tres.items())) for r in mine),
@@ -84,7 +93,7 @@ def status_from_accounting(part: SlurmJob, records: Sequence[AccountingRecord]) 
 
 
 def job_state_from_parts(parts: Iterable[SlurmJob]) -> JobState | None:
-    states = [p.state for p in parts if p.role != "superseded"]
+    states = [p.state for p in parts if p.current]
     if not states:
         return None
     if any(s == "RUNNING" for s in states):
@@ -100,7 +109,7 @@ def job_state_from_parts(parts: Iterable[SlurmJob]) -> JobState | None:
 
 def forked_round(job: Job) -> SlurmJob | None:
     """The consolidation part of a job whose latest dispatch was a forked (HadarE) round, else None."""
-    parts = [p for p in job.slurm_jobs if p.role != "superseded"]
+    parts = [p for p in job.slurm_jobs if p.current]
     if not parts:
         return None
     last = max(parts, key=lambda p: (p.id or 0))
@@ -125,7 +134,7 @@ class SlurmView:
 
 def _live_parts(jobs: Sequence[Job]) -> list[SlurmJob]:
     return [p for job in jobs if not job.state.final for p in job.slurm_jobs
-            if p.state not in FINAL_PART_STATES and p.role != "superseded"]
+            if p.state not in FINAL_PART_STATES and p.current]
 
 
 def fetch_view(client: SlurmClient, jobs: Sequence[Job]) -> SlurmView:
@@ -168,6 +177,9 @@ def sync_jobs(session: Session, jobs: list[Job], view: SlurmView) -> int:
         new = job_state_from_parts(job.slurm_jobs)
         if new is JobState.COMPLETED and forked_round(job) is not None:
             new = None  # a forked round ended: only the replanner's Job Tracker knows if steps are left
+        if new is JobState.FAILED and settle_failure(session, job):
+            changed += 1
+            continue
         if new is not None and new != job.state:
             add_event(session, job, "state", f"{job.state.value} -> {new.value}")
             job.state = new
@@ -205,3 +217,58 @@ def adopt_orphans(session: Session, jobs: Sequence[Job], queue: Sequence[QueueRe
             add_event(session, job, "adopted", f"Slurm job {record.root_id} found by its comment tag")
             actions.append(f"adopted Slurm job {record.root_id} for job {job.id}")
     return actions
+
+
+#: Part roles whose failure slurmhet judges (retry or fail); a pack, a forked round or an adopted part just fails.
+_JUDGED_ROLES = frozenset({"batch", "het", "sweep"})
+
+
+def _allowed_types(session: Session, job: Job) -> tuple[str, ...]:
+    """The spec's types, else every type of the cluster as the last replan saw it."""
+    types = tuple((job.spec.get("gpus") or {}).get("types") or ())
+    if types:
+        return types
+    last = session.scalars(select(ClusterSnapshot).order_by(ClusterSnapshot.id.desc()).limit(1)).first()
+    return tuple(sorted({t for node in (last.nodes if last else {}).values() for t in node.get("gpus", {})}))
+
+
+def settle_failure(session: Session, job: Job) -> bool:
+    """A job whose current run just failed: retried (back to PENDING, the run's parts retired, off the types
+    that ran out of memory) or FAILED with the reason and its stderr's tail; True when this decided its state."""
+    parts = [p for p in job.slurm_jobs if p.current]
+    if not parts or any(p.role not in _JUDGED_ROLES for p in parts):
+        return False
+    failed = [p for p in parts if p.state == "FAILED"]
+    starts = [p.started_at for p in failed if p.started_at]
+    ends = [p.ended_at for p in failed if p.ended_at]
+    err = next((stderr_file(p.argv, p.slurm_job_id, p.array_task) for p in failed if p.argv), None)
+    try:
+        text = err.read_text(errors="replace") if err is not None else ""
+    except OSError:
+        text = ""
+    run = FailedRun(",".join(sorted({p.reason for p in failed if p.reason})) or "FAILED",
+                    next((p.exit_code for p in failed if p.exit_code and p.exit_code != "0:0"), ""),
+                    (max(ends) - min(starts)).total_seconds() if starts and ends else None,
+                    tuple(sorted({p.gpu_type for p in failed if p.gpu_type})), tail(text))
+    events = session.scalars(select(Event).where(Event.job_id == job.id, Event.kind == "retried")).all()
+    earlier = sum(1 for e in events if (e.data or {}).get("quick"))
+    unusable = tuple(events[-1].data.get("unusable") or ()) if events and events[-1].data else ()
+    catalog = builtin()
+    verdict = judge(run, earlier, unusable, _allowed_types(session, job),
+                    lambda t: model.memory_gb if (model := catalog.lookup(t)) is not None else None)
+    data = {"slurm_job_ids": sorted({p.target for p in failed}), "exit_code": run.exit_code,
+            "slurm_state": run.slurm_state, "ran_s": run.ran_s, "stderr": str(err) if err else None,
+            "stderr_tail": list(run.stderr_tail), "unusable": list(verdict.unusable), "quick": verdict.quick}
+    if verdict.action == "retry":
+        for part in parts:
+            part.role = "retried"
+        if verdict.unusable != unusable:
+            left = [t for t in _allowed_types(session, job) if t not in verdict.unusable]
+            job.spec = {**job.spec, "gpus": {**(job.spec.get("gpus") or {}), "types": left}}
+        job.state, job.reason, job.started_at, job.ended_at = JobState.PENDING, verdict.reason, None, None
+        add_event(session, job, "retried", verdict.reason, **data)
+    else:
+        job.state, job.reason = JobState.FAILED, verdict.reason
+        job.ended_at = max(ends) if ends else job.ended_at
+        add_event(session, job, "failed", verdict.reason, **data)
+    return True

@@ -22,6 +22,7 @@ from slurmhet.slurm.parsers import SlurmOutputError
 from slurmhet.slurm.runner import SlurmCommandError
 from slurmhet.slurm.world import Access, SlurmWorld, read_world
 from slurmhet.store import Database, JobState, add_event, get_job, list_jobs
+from slurmhet.store.models import RETIRED_ROLES
 
 if TYPE_CHECKING:
     from slurmhet.throughput import ThroughputTable
@@ -96,7 +97,7 @@ def status(obj: Context, job_id: int | None, as_json: bool, all_users: bool) -> 
     for column in ("id", "name", "owner", "state", "slurm", "gpus", "nodes", "reason", "log"):
         table.add_column(column)
     for row in rows:
-        parts = [p for p in row["slurm"] if p["role"] != "superseded"]
+        parts = [p for p in row["slurm"] if p["role"] not in RETIRED_ROLES]
         why = "; ".join(x for x in (row["reason"], row["slurm_reason"] and f"Slurm: {row['slurm_reason']}",
                                     row["throughput_priors"] and not JobState(row["state"]).final
                                     and "planned on a prior speed for " + ", ".join(row["throughput_priors"]),
@@ -184,7 +185,7 @@ def _waiting_view(job: Any, context: _WaitContext) -> dict[str, Any]:
 
     world = context.world
     out: dict[str, Any] = {"slurm_reason": "", "slurm_expected_start": None, "planned_start": None, "why": ""}
-    parts = [p for p in job.slurm_jobs if p.role != "superseded" and p.state == "PENDING"]
+    parts = [p for p in job.slurm_jobs if p.current and p.state == "PENDING"]
     out["slurm_reason"] = ",".join(sorted({p.reason for p in parts if p.reason}))
     starts = [world.starts[p.slurm_job_id].expected_start for p in parts if p.slurm_job_id in world.starts]
     known = [s for s in starts if s is not None]
@@ -358,7 +359,7 @@ def result(obj: Context, job_id: int, rank: int, as_json: bool) -> None:
     if not job.spec.get("entrypoint"):
         raise InputError(f"job {job_id} runs a command, not a Python entrypoint: it returns no value", place="ID",
                          hint=f"its output is in `slurmhet logs {job_id}`")
-    runs = sorted((p for p in job.slurm_jobs if p.role != "superseded"), key=lambda p: (p.submitted_at, p.id))
+    runs = sorted((p for p in job.slurm_jobs if p.current), key=lambda p: (p.submitted_at, p.id))
     outcome = read_result(result_path(obj.settings.state_dir, job_id, runs[-1].slurm_job_id, rank)) if runs else None
     if outcome is None:
         err_console.print(f"slurmhet: failure: job {job_id} is {job.state.value} and left no result"

@@ -80,6 +80,10 @@ class Job(Base):
                                                         order_by="SlurmJob.id")
 
 
+#: Roles of parts that no longer speak for their job: moved away before they ran, or a failed run retried.
+RETIRED_ROLES = frozenset({"superseded", "retried"})
+
+
 class SlurmJob(Base):
     """One Slurm-side part of a slurmhet job: a batch job, a het component, an array task or a consolidation."""
 
@@ -89,7 +93,7 @@ class SlurmJob(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
     job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), index=True)
     slurm_job_id: Mapped[str] = mapped_column(String(32), index=True)
-    role: Mapped[str] = mapped_column(String(16), default="batch")  # batch|het|array|consolidation|pack|sweep|adopted|superseded
+    role: Mapped[str] = mapped_column(String(16), default="batch")  # batch|het|array|consolidation|pack|sweep|adopted|superseded|retried
     round: Mapped[int] = mapped_column(Integer, default=0)
     array_task: Mapped[int | None] = mapped_column(Integer, nullable=True)
     het_offset: Mapped[int | None] = mapped_column(Integer, nullable=True)
@@ -108,6 +112,11 @@ class SlurmJob(Base):
     startup_s: Mapped[float | None] = mapped_column(Float, nullable=True)
 
     job: Mapped[Job] = relationship(back_populates="slurm_jobs")
+
+    @property
+    def current(self) -> bool:
+        """Whether this part is one of the job's current runs: not cancelled by a move, not a failed run retried."""
+        return self.role not in RETIRED_ROLES
 
     @property
     def target(self) -> str:

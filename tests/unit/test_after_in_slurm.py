@@ -83,3 +83,19 @@ def test_a_doomed_dependant_in_slurm_is_scancelled_before_it_is_marked(tmp_path:
         assert in_slurm.slurm_jobs[0].state == "CANCELLED"
         assert in_slurm.reason == f"cancelled: job {bad.id} (a) it runs after ended FAILED"
         assert actions[0].endswith("cancelled Slurm job(s) 600_1") and "Slurm" not in actions[1]
+
+
+def test_a_dependant_chained_to_a_run_that_can_no_longer_complete_is_taken_back() -> None:
+    from types import SimpleNamespace
+
+    from slurmhet.replan import dependency_lost
+
+    def job(state: JobState, *parts: tuple[str, str, str]) -> object:
+        return SimpleNamespace(state=state, slurm_jobs=[SimpleNamespace(role=r, state=s, reason=why,
+                                                                        current=r not in ("superseded", "retried"))
+                                                        for r, s, why in parts])
+
+    assert dependency_lost(job(JobState.SUBMITTED, ("batch", "PENDING", "DependencyNeverSatisfied")))
+    assert not dependency_lost(job(JobState.SUBMITTED, ("batch", "PENDING", "Dependency")))
+    assert not dependency_lost(job(JobState.SUBMITTED, ("superseded", "CANCELLED", ""),
+                                   ("batch", "RUNNING", "None")))

@@ -1,0 +1,115 @@
+"""What a failed run means: retry once after a start-up crash, re-plan off a type that ran out of memory,
+re-plan after a lost node, fail for good otherwise."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from slurmhet.failures import MAX_QUICK_FAILURES, FailedRun, judge, tail
+from slurmhet.spec import load_text
+from slurmhet.store import Database, Event, JobState, SlurmJob, create_job
+from slurmhet.store.models import ClusterSnapshot
+from slurmhet.sync import settle_failure
+
+MEMORY = {"k80": 12.0, "t4": 16.0, "v100": 16.0, "a100": 80.0}
+ALLOWED = ("k80", "t4", "v100", "a100")
+
+
+def _judge(run: FailedRun, earlier: int = 0, unusable: tuple[str, ...] = ()) -> object:
+    return judge(run, earlier, unusable, ALLOWED, MEMORY.get)
+
+
+def test_a_start_up_crash_is_retried_once_then_fails() -> None:
+    run = FailedRun("FAILED", "3:0", 12.0, ("t4",), ("Traceback ...", "ImportError: no module named x"))
+    first = _judge(run)
+    assert (first.action, first.quick) == ("retry", True)  # type: ignore[attr-defined]
+    assert first.reason == "failed 12 s after it started (exit 3:0); retried once"  # type: ignore[attr-defined]
+    last = _judge(run, earlier=MAX_QUICK_FAILURES - 1)
+    assert last.action == "fail" and last.reason.startswith("failed 2 times within 5 min of starting (exit 3:0)")  # type: ignore[attr-defined]
+
+
+def test_a_late_failure_is_the_jobs_own_and_not_retried() -> None:
+    verdict = _judge(FailedRun("FAILED", "1:0", 3600.0, ("v100",)))
+    assert (verdict.action, verdict.reason, verdict.quick) == ("fail", "failed (exit 1:0)", False)  # type: ignore[attr-defined]
+
+
+def test_gpu_oom_makes_that_type_and_every_smaller_one_unusable() -> None:
+    oom = ("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB",)
+    verdict = _judge(FailedRun("FAILED", "1:0", 40.0, ("t4",), oom))
+    # t4 has 16 GB: k80 (12) and v100 (16) cannot hold it either; only a100 is left.
+    assert verdict.action == "retry" and verdict.unusable == ("k80", "t4", "v100")  # type: ignore[attr-defined]
+    assert verdict.reason == "GPU out of memory on t4 (16 GB); re-planned on a100"  # type: ignore[attr-defined]
+    assert not verdict.quick  # type: ignore[attr-defined]  # not a crash loop: it may run elsewhere
+    last = _judge(FailedRun("FAILED", "1:0", 40.0, ("a100",), oom), unusable=("k80", "t4", "v100"))
+    assert last.action == "fail" and "no allowed type has more memory" in last.reason  # type: ignore[attr-defined]
+
+
+def test_oom_on_a_type_of_unknown_memory_rules_out_that_type_alone() -> None:
+    verdict = judge(FailedRun("FAILED", "1:0", 5.0, ("mystery",), ("CUDA error: out of memory",)), 0, (),
+                    ("mystery", "k80"), MEMORY.get)
+    assert verdict.action == "retry" and verdict.unusable == ("mystery",)
+
+
+def test_a_lost_node_is_retried_whatever_came_before() -> None:
+    verdict = _judge(FailedRun("NODE_FAIL", "0:0", 5.0, ("v100",)), earlier=5)
+    assert verdict.action == "retry" and "its node failed under it" in verdict.reason  # type: ignore[attr-defined]
+
+
+def test_tail_keeps_the_last_non_empty_lines() -> None:
+    assert tail("a\n\nb\nc\n", 2) == ("b", "c") and tail("") == ()
+
+
+# --------------------------------------------------------------------------- in the store, as sync applies it
+
+T0 = datetime(2026, 11, 26, 9, tzinfo=timezone.utc)
+SPEC = load_text("name: a\ncommand: [x]\nworkload: {model: m, batch_size: 2}\nwork: {steps: 3}\n", "f.yaml")[0]
+
+
+def _run(job: object, slurm_id: str, gpu_type: str, log_dir: Path, stderr: str, seconds: float = 8,
+         state: str = "FAILED", raw: str = "FAILED") -> None:
+    (log_dir / f"slurmhet-1-{slurm_id}.err").write_text(stderr)
+    job.slurm_jobs.append(SlurmJob(  # type: ignore[attr-defined]
+        slurm_job_id=slurm_id, role="batch", state=state, reason=raw, exit_code="1:0", gpu_type=gpu_type,
+        gpu_count=1, started_at=T0, ended_at=T0 + timedelta(seconds=seconds),
+        argv=["sbatch", f"--output={log_dir}/slurmhet-1-%j.out", f"--error={log_dir}/slurmhet-1-%j.err"]))
+
+
+def test_a_start_up_crash_is_retried_once_then_failed_with_its_stderr(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    with db.transaction() as session:
+        job = create_job(session, SPEC, "alice", "f.yaml")
+        job.state = JobState.RUNNING
+        _run(job, "501", "t4", tmp_path, "".join(f"line {i}\n" for i in range(30)) + "ImportError: no x\n")
+        assert settle_failure(session, job)
+        assert job.state is JobState.PENDING and job.reason == "failed 8 s after it started (exit 1:0); retried once"
+        assert [p.role for p in job.slurm_jobs] == ["retried"]  # its run is kept (logs) but speaks no more
+        job.state = JobState.RUNNING
+        _run(job, "502", "t4", tmp_path, "ImportError: no x\n")
+        assert settle_failure(session, job)
+        assert job.state is JobState.FAILED and job.reason.startswith("failed 2 times within 5 min")
+        (last,) = session.query(Event).filter(Event.job_id == job.id, Event.kind == "failed").all()
+        assert last.data["stderr_tail"] == ["ImportError: no x"] and last.data["exit_code"] == "1:0"
+        (first,) = session.query(Event).filter(Event.job_id == job.id, Event.kind == "retried").all()
+        assert len(first.data["stderr_tail"]) == 20 and first.data["stderr_tail"][-1] == "ImportError: no x"
+
+
+def test_gpu_oom_narrows_the_jobs_types_to_those_with_more_memory(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    with db.transaction() as session:
+        session.add(ClusterSnapshot(nodes={"nodea": {"gpus": {"v100": 4}}, "nodeb": {"gpus": {"t4": 4}},
+                                           "nodec": {"gpus": {"k80": 2}}}))
+        job = create_job(session, SPEC, "alice", "f.yaml")  # any type: the cluster's types are the choice
+        job.state = JobState.RUNNING
+        _run(job, "601", "k80", tmp_path, "torch.OutOfMemoryError: CUDA out of memory.\n", seconds=30)
+        assert settle_failure(session, job)
+        assert job.state is JobState.PENDING and job.reason == "GPU out of memory on k80 (12 GB); re-planned on t4, v100"
+        assert job.spec["gpus"]["types"] == ["t4", "v100"]
+
+
+def test_packs_and_forked_rounds_are_left_to_fail_as_before(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    with db.transaction() as session:
+        job = create_job(session, SPEC, "alice", "f.yaml")
+        job.slurm_jobs.append(SlurmJob(slurm_job_id="701", role="pack", state="FAILED"))
+        assert not settle_failure(session, job)
