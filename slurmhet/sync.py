@@ -68,7 +68,9 @@ def status_from_queue(part: SlurmJob, records: Sequence[QueueRecord]) -> PartSta
     # A pending job's start is Slurm's expectation and a live job's end its time limit: neither happened yet.
     starts = [r.start for r in mine if r.start] if state not in ("PENDING", "REQUEUED") else []
     ends = [r.end for r in mine if r.end] if state in FINAL_PART_STATES else []
+    codes = [r.exit_code for r in mine if r.exit_code not in ("", "0:0")] if state in FINAL_PART_STATES else []
     return PartStatus(state, reason=_failed_as(mine) or (mine[0].reason if mine[0].reason != "None" else ""),
+                      exit_code=codes[0] if codes else None,
                       nodes=",".join(sorted({r.nodes for r in mine if r.nodes})),
                       start=min(starts) if starts else None, end=max(ends) if ends else None)
 

@@ -282,6 +282,8 @@ class QueueRecord:
     gpus: tuple[tuple[str, str, int], ...] = ()
     #: (gpu type or None for any, total count) the job asks for.
     gpu_request: tuple[tuple[str | None, int], ...] = ()
+    #: ``code:signal`` as sacct prints it, once the job ended ("" before, or when squeue does not say).
+    exit_code: str = ""
 
     @property
     def root_id(self) -> str:
@@ -295,6 +297,18 @@ def _num(value: Any) -> int | None:
     if isinstance(value, dict):
         return int(value["number"]) if value.get("set", True) and not value.get("infinite") else None
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _exit_code(value: Any) -> str:
+    """sacct's ``code:signal`` from squeue --json: a wait status in 22.05 (768 is exit 3), ``{status,
+    return_code, signal: {id}}`` from 23.02 (the 24.11 and 26.05 recordings); "" when it says nothing."""
+    if isinstance(value, dict):
+        code = _num(value.get("return_code"))
+        signal = value.get("signal")
+        number = _num(signal.get("id")) if isinstance(signal, dict) else None
+        return f"{code}:{number or 0}" if code is not None else ""
+    status = _num(value)
+    return f"{status >> 8}:{status & 0x7F}" if status is not None else ""
 
 
 def _epoch(value: Any) -> datetime | None:
@@ -432,6 +446,7 @@ def parse_squeue_json(stdout: str) -> list[QueueRecord]:
                 time_limit_s=_time_limit_s(job.get("time_limit")),
                 gpus=_held_gpus(job, str(state or ""), job_id),
                 gpu_request=_gpu_request(job, job_id),
+                exit_code=_exit_code(job.get("exit_code")),
             )
         )
     return out

@@ -44,7 +44,9 @@ def test_a_start_up_crash_is_retried_once_then_failed_with_its_stderr(tmp_path: 
     detail = json.loads(cli("status", str(job_id), "--json", state=state_dir).stdout)
     last = detail["last_failure"]
     assert (last["verdict"], last["exit_code"], last["slurm_job_ids"]) == ("failed", "3:0", [runs[1]["id"]])
-    assert last["stderr_tail"] == [f"Traceback: no module named nothere (run {runs[1]['id']})"]
+    # The program's stderr, then the launcher's and srun's words on its end.
+    assert last["stderr_tail"][0] == f"Traceback: no module named nothere (run {runs[1]['id']})", last
+    assert "slurmhet run: rank 0 command exited with status 3" in last["stderr_tail"]
     text = cli("status", str(job_id), state=state_dir).stdout
     assert f"| Traceback: no module named nothere (run {runs[1]['id']})" in text, text
     assert [e["kind"] for e in detail["events"]].count("retried") == 1

@@ -154,6 +154,21 @@ def test_squeue_gpu_fallbacks_and_later_formats() -> None:
     assert record.gpu_request == (("v100", 6),) and record.time_limit_s is None
 
 
+@pytest.mark.parametrize(("value", "expected"), [
+    (768, "3:0"),  # 22.05: a wait status, exit 3
+    (15, "0:15"),  # killed by SIGTERM
+    ({"status": ["EXITED"], "return_code": {"set": True, "infinite": False, "number": 3},
+      "signal": {"id": {"set": False, "infinite": False, "number": 0}, "name": ""}}, "3:0"),  # 23.02 on
+    ({"status": ["SIGNALED"], "return_code": {"set": True, "infinite": False, "number": 0},
+      "signal": {"id": {"set": True, "infinite": False, "number": 9}, "name": "KILL"}}, "0:9"),
+    (None, ""),
+])
+def test_squeue_exit_codes_read_as_sacct_prints_them(value: object, expected: str) -> None:
+    (record,) = parsers.parse_squeue_json(json.dumps({"jobs": [{"job_id": 5, "job_state": "FAILED",
+                                                                "exit_code": value}]}))
+    assert record.exit_code == expected
+
+
 @pytest.mark.parametrize("change", [
     {"gres_detail": ["gpu:t4:1(IDX:0)"]},  # one entry for two nodes
     {"gres_detail": ["gpu:t4:x", "gpu:k80:1"]},

@@ -72,7 +72,9 @@ def test_sync_reads_final_states_from_sacct(rec: Recorded, tmp_path: Path) -> No
         jobs = list_jobs(session)
         assert sync_jobs(session, jobs, fetch_view(SlurmCli(runner), jobs)) == 3
         states = {j.id: j.state for j in jobs}
-        assert states == {1: JobState.COMPLETED, 2: JobState.FAILED, 3: JobState.COMPLETED}
+        # The failed job failed at start-up: sync reads that and, by the failure rules, retries it once.
+        assert states == {1: JobState.COMPLETED, 2: JobState.PENDING, 3: JobState.COMPLETED}
+        assert jobs[1].reason.endswith("(exit 3:0); retried once") and jobs[1].slurm_jobs[0].role == "retried"
         assert "gres/gpu:v100=1" in jobs[0].slurm_jobs[1].alloc_tres and jobs[0].slurm_jobs[1].nodes == "nodea"
         assert jobs[1].slurm_jobs[0].exit_code == "3:0"
     # one batched squeue and one batched sacct for all three jobs
