@@ -104,7 +104,9 @@ def status(obj: Context, job_id: int | None, as_json: bool, all_users: bool) -> 
                                     row["slurm_expected_start"] and f"Slurm expects start {row['slurm_expected_start']}",
                                     row["planned_start"] and f"plan: start {row['planned_start']}", row["why"]) if x)
         table.add_row(str(row["id"]), row["name"], row["owner"], row["state"],
-                      " ".join(p["id"] for p in parts), " ".join(f"{p['gpus']}x{p['gpu_type']}" for p in parts),
+                      " ".join(dict.fromkeys(f"{p['id']}_{p['array_task']}" if p["role"] == "sweep" else p["id"]
+                                             for p in parts)),
+                      " ".join(f"{p['gpus']}x{p['gpu_type']}" for p in parts),
                       " ".join(p["nodes"] for p in parts), why, row["logs"][-1] if row["logs"] else "")
     console.print(table)
 
