@@ -33,7 +33,9 @@ def run_pack_command(packfile: str) -> None:
 @click.option("--out", required=True, type=click.Path(dir_okay=False), help="consolidated checkpoint to write")
 @click.argument("ckpts", nargs=-1, required=True, type=click.Path(dir_okay=False))
 @click.option("--weights", multiple=True, type=float, help="one per checkpoint (default: each copy's steps)")
-def consolidate(out: str, ckpts: tuple[str, ...], weights: tuple[float, ...]) -> None:
+@click.option("--skip-bad", is_flag=True,
+              help="leave out, with a warning, copies that do not load or belong to an earlier round (in a job)")
+def consolidate(out: str, ckpts: tuple[str, ...], weights: tuple[float, ...], skip_bad: bool) -> None:
     """Weight-average forked copies' checkpoints (HadarE); loads weights only, writes atomically."""
     from slurmhet.runtime.consolidate import consolidate as consolidate_checkpoints
 
@@ -42,5 +44,5 @@ def consolidate(out: str, ckpts: tuple[str, ...], weights: tuple[float, ...]) ->
                          hint="give one --weights per checkpoint, or none")
     env = os.environ
     result = consolidate_checkpoints(out, ckpts, list(weights) or None, progress_dir=env.get("SLURMHET_PROGRESS_DIR"),
-                                     job_id=env.get("SLURMHET_JOB_ID"))
+                                     job_id=env.get("SLURMHET_JOB_ID"), skip_bad=skip_bad)
     click.echo(result.summary())

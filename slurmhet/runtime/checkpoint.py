@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,12 +59,18 @@ class TrainingCheckpoint:
                 "start_steps": self.start_steps, "meta": self.meta}
 
 
+def previous_path(path: Path) -> Path:
+    """Where the checkpoint before ``path``'s latest is kept: ``checkpoint.prev.pt`` beside ``checkpoint.pt``."""
+    return path.with_name(f"{path.stem}.prev{path.suffix}")
+
+
 def save_checkpoint(path: str | Path, checkpoint: TrainingCheckpoint) -> Path:
-    """Write via a temporary file in the target directory, fsync, then rename: never a torn file."""
+    """Write via a temporary file in the target directory, fsync, then rename: never a torn file. The
+    checkpoint it replaces is kept as :func:`previous_path`, so the last two survive a bad write or disk."""
     import torch
 
     path = Path(path)
-    atomic_write(path, lambda handle: torch.save(checkpoint.to_dict(), handle))
+    atomic_write(path, lambda handle: torch.save(checkpoint.to_dict(), handle), keep=previous_path(path))
     return path
 
 
@@ -99,8 +106,6 @@ def load_checkpoint(path: str | Path) -> TrainingCheckpoint:
     A bare state dict (tensors only) is accepted as a model with zero steps, so
     copies saved by plain torch scripts can be consolidated with explicit weights.
     """
-    import pickle
-
     import torch
 
     path = Path(path)
@@ -108,7 +113,7 @@ def load_checkpoint(path: str | Path) -> TrainingCheckpoint:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError as exc:
         raise InputError("checkpoint not found", place=str(path), hint="check the path") from exc
-    except (OSError, RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as exc:
+    except Exception as exc:  # a corrupt file raises whatever its bytes lead torch.load into (struct, zip, pickle)
         cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(f"cannot load checkpoint: {cause}", place=str(path),
                          hint="the file is truncated, corrupt, or holds objects other than tensors and plain values")
@@ -131,8 +136,27 @@ def load_checkpoint(path: str | Path) -> TrainingCheckpoint:
     return TrainingCheckpoint(model=check_state_dict(data, path, what="state_dict"))
 
 
-def _load_if_present(path: Path) -> TrainingCheckpoint | None:
-    return load_checkpoint(path) if path.is_file() else None
+def load_latest_good(path: Path, warn: Callable[[str], None] = lambda line: print(line, file=sys.stderr,
+                                                                                  flush=True)
+                     ) -> tuple[Path, TrainingCheckpoint] | None:
+    """The newest of ``path`` and its previous checkpoint that loads; a bad one is skipped with a warning.
+
+    None when neither exists. Both unreadable is an error (exit 2): training from scratch over
+    them would silently throw the job's work away.
+    """
+    failures = []
+    for candidate in (path, previous_path(path)):
+        if not candidate.is_file():
+            continue
+        try:
+            return candidate, load_checkpoint(candidate)
+        except InputError as exc:
+            failures.append(exc)
+            warn(f"slurmhet: skipping checkpoint {candidate}: {exc.cause}; trying the one before it")
+    if failures:
+        raise InputError(f"no checkpoint in {path.parent} loads ({len(failures)} tried)", place=str(path),
+                         hint=f"{failures[0].cause}; move the files away to start from scratch")
+    return None
 
 
 @dataclass(frozen=True)
@@ -155,12 +179,12 @@ def choose_resume(checkpoint_dir: str | Path, env: Mapping[str, str]) -> ResumeP
     """
     directory = Path(checkpoint_dir)
     own_name = own_checkpoint_name(env)
-    own, consolidated = _load_if_present(directory / own_name), _load_if_present(directory / CONSOLIDATED_NAME)
-    if own is not None and (consolidated is None or own.start_steps >= consolidated.steps):
+    own, consolidated = load_latest_good(directory / own_name), load_latest_good(directory / CONSOLIDATED_NAME)
+    if own is not None and (consolidated is None or own[1].start_steps >= consolidated[1].steps):
         is_copy = own_name != CHECKPOINT_NAME
-        return ResumePoint(directory / own_name, own, own.start_steps if is_copy else own.steps)
+        return ResumePoint(own[0], own[1], own[1].start_steps if is_copy else own[1].steps)
     if consolidated is not None:
-        return ResumePoint(directory / CONSOLIDATED_NAME, consolidated, consolidated.steps)
+        return ResumePoint(consolidated[0], consolidated[1], consolidated[1].steps)
     return None
 
 

@@ -18,15 +18,20 @@ weight-averages their model parameters (consolidation). Rules here:
   copies must share their start (the same consolidated checkpoint).
 * Inputs load weights-only and must agree on keys, shapes and dtypes and hold
   finite values; the output is written atomically (temporary file + rename).
+* In a job (``--skip-bad``, what the consolidation script runs), a copy that does
+  not load or holds non-finite values, and a stale copy left by an earlier round
+  (its copy failed this round, or its node did), is left out with a warning; the
+  weights of the rest renormalise. One good copy is enough; none is an error.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from slurmhet.errors import InputError
 from slurmhet.runtime.checkpoint import TrainingCheckpoint, load_checkpoint, save_checkpoint
@@ -105,13 +110,36 @@ def average_state_dicts(states: Sequence[Mapping[str, "torch.Tensor"]], weights:
     return out
 
 
+def _good_copies(paths: Sequence[Path], warn: Callable[[str], None]) -> tuple[list[Path], list[TrainingCheckpoint]]:
+    """The copies that load, of the latest round among them; the others are named in a warning."""
+    kept: list[tuple[Path, TrainingCheckpoint]] = []
+    for path in paths:
+        try:
+            kept.append((path, load_checkpoint(path)))
+        except InputError as exc:
+            warn(f"slurmhet consolidate: leaving out {path}: {exc.cause}")
+    if not kept:
+        raise InputError(f"none of the {len(paths)} copies loads", place=str(paths[0]),
+                         hint="the round's copies all failed; the job resumes from the last consolidated checkpoint")
+    latest = max(c.start_steps for _, c in kept)
+    for path, c in kept:
+        if c.start_steps != latest:
+            warn(f"slurmhet consolidate: leaving out {path}: it started at step {c.start_steps}, an earlier round "
+                 f"than the others ({latest})")
+    good = [(p, c) for p, c in kept if c.start_steps == latest]
+    return [p for p, _ in good], [c for _, c in good]
+
+
 def consolidate(out: str | Path, ckpts: Sequence[str | Path], weights: Sequence[float] | None = None, *,
                 progress_dir: str | Path | None = None, job_id: str | None = None,
-                slurm_job_id: str = "consolidate") -> ConsolidationResult:
+                slurm_job_id: str = "consolidate", skip_bad: bool = False,
+                warn: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
+                ) -> ConsolidationResult:
     """Weight-average the copies' models into ``out``.
 
     With ``progress_dir`` and ``job_id`` the aggregated step count is also written
     as a progress record (rank 0 of ``slurm_job_id``; samples are not known here).
+    ``skip_bad``: leave out copies that do not load or are stale (see the module notes).
     """
     paths = tuple(Path(p) for p in ckpts)
     if not paths:
@@ -121,7 +149,14 @@ def consolidate(out: str | Path, ckpts: Sequence[str | Path], weights: Sequence[
         if p.resolve() in seen:
             raise InputError("checkpoint given twice", place=str(p), hint="list each copy once")
         seen.add(p.resolve())
-    loaded: list[TrainingCheckpoint] = [load_checkpoint(p) for p in paths]
+    if skip_bad and weights is not None:
+        raise InputError("--skip-bad leaves copies out, so it cannot take one weight per copy", place="--weights",
+                         hint="let the copies' steps weigh them")
+    if skip_bad:
+        good, loaded = _good_copies(paths, warn)
+        paths = tuple(good)
+    else:
+        loaded = [load_checkpoint(p) for p in paths]
     for p, c in zip(paths[1:], loaded[1:]):
         _check_compatible(loaded[0].model, paths[0], c.model, p)
     starts = {c.start_steps for c in loaded}

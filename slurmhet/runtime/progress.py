@@ -69,8 +69,11 @@ def progress_path(directory: Path, job_id: str, slurm_job_id: str, rank: int) ->
     return Path(directory) / f"{job_id}.{slurm_job_id}.{rank}.json"
 
 
-def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
-    """Write through ``write`` into a temporary file beside ``path``, fsync, then ``os.replace``: never a torn file."""
+def atomic_write(path: Path, write: Callable[[BinaryIO], object], keep: Path | None = None) -> None:
+    """Write through ``write`` into a temporary file beside ``path``, fsync, then ``os.replace``: never a torn file.
+
+    ``keep``: where the file being replaced goes first (the previous checkpoint), once the new one is on disk.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -78,6 +81,8 @@ def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
+        if keep is not None and path.exists():
+            os.replace(path, keep)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -200,7 +200,7 @@ def test_hostile_checkpoint_dir_reaches_consolidate_intact(tmp_path: Path) -> No
     request = ConsolidationRequest(_common(HOSTILE_NAME), (str(slurmhet),), str(ckpt), (0, 1, 2), after=("7",))
     _run(request.materialize().script, tmp_path)
     assert json.loads(record.read_text())["argv"] == [
-        "consolidate", "--out", f"{ckpt}/consolidated.pt", f"{ckpt}/copy-0.pt", f"{ckpt}/copy-2.pt"]
+        "consolidate", "--skip-bad", "--out", f"{ckpt}/consolidated.pt", f"{ckpt}/copy-0.pt", f"{ckpt}/copy-2.pt"]
     assert not (tmp_path / "pwned").exists()
 
 

@@ -164,3 +164,33 @@ def test_timeout_after_the_requeue_budget_ends_cleanly_with_a_checkpoint(tmp_pat
     assert (record.state, record.exit_code) == ("timeout", 0)
     assert load_checkpoint(tmp_path / "ckpt" / "checkpoint.pt").steps == record.steps_done
     assert not calls.exists()
+
+
+def test_the_last_two_checkpoints_are_kept_and_a_bad_latest_falls_back(tmp_path: Path) -> None:
+    path = tmp_path / "checkpoint.pt"
+    for steps in (10, 20, 30):
+        save_checkpoint(path, _ckpt(steps))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint.prev.pt", "checkpoint.pt"]
+    assert load_checkpoint(tmp_path / "checkpoint.prev.pt").steps == 20
+    path.write_bytes(path.read_bytes()[:100])  # cut off (a disk error, a copy gone wrong)
+    warnings: list[str] = []
+    point = choose_resume(tmp_path, {})
+    assert point is not None and (point.path.name, point.start_steps) == ("checkpoint.prev.pt", 20)
+    from slurmhet.runtime.checkpoint import load_latest_good
+    found = load_latest_good(path, warnings.append)
+    assert found is not None and found[1].steps == 20
+    assert warnings and warnings[0].startswith(f"slurmhet: skipping checkpoint {path}: cannot load checkpoint")
+
+
+def test_a_crash_between_the_renames_leaves_the_previous_one_to_resume_from(tmp_path: Path) -> None:
+    save_checkpoint(tmp_path / "checkpoint.prev.pt", _ckpt(20))  # checkpoint.pt already moved aside, not replaced
+    point = choose_resume(tmp_path, {})
+    assert point is not None and point.start_steps == 20
+
+
+def test_both_checkpoints_bad_is_an_error_not_a_silent_restart(tmp_path: Path) -> None:
+    (tmp_path / "checkpoint.pt").write_bytes(b"junk")
+    (tmp_path / "checkpoint.prev.pt").write_bytes(b"junk too")
+    with pytest.raises(InputError, match="no checkpoint in .* loads") as info:
+        choose_resume(tmp_path, {})
+    assert info.value.exit_code == 2 and "move the files away" in info.value.hint

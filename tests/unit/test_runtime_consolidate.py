@@ -142,7 +142,9 @@ def test_output_is_replaced_atomically(tmp_path: Path) -> None:
     out.write_bytes(b"previous round")
     consolidate(out, [a, b])
     assert torch.equal(load_checkpoint(out).model["w"], torch.full((2, 2), 2.0))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.pt", "b.pt", "consolidated.pt"]  # no temp file left
+    # No temporary file left; the round before is kept beside it.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.pt", "b.pt", "consolidated.prev.pt", "consolidated.pt"]
+    assert (tmp_path / "consolidated.prev.pt").read_bytes() == b"previous round"
 
 
 def _run_copy(tmp_path: Path, task: int, round_steps: int, world: int = 1) -> None:
@@ -167,3 +169,24 @@ def test_forked_copies_consolidate_between_rounds(tmp_path: Path) -> None:
     assert [(c.start_steps, c.steps) for c in copies] == [(6, 9), (6, 9)]
     second = consolidate(tmp_path / "consolidated.pt", sorted(tmp_path.glob("copy-*.pt")))
     assert second.steps == 12
+
+
+def test_in_a_job_bad_and_stale_copies_are_left_out_and_the_rest_renormalised(tmp_path: Path) -> None:
+    good_a, good_b = _copy(tmp_path, "copy-0.pt", 1.0, steps=14), _copy(tmp_path, "copy-1.pt", 3.0, steps=16)
+    stale = _copy(tmp_path, "copy-2.pt", 100.0, steps=10, start=0)  # its copy failed this round: last round's file
+    cut = tmp_path / "copy-3.pt"
+    cut.write_bytes(good_a.read_bytes()[:64])  # cut off by a failing disk
+    warnings: list[str] = []
+    result = consolidate(tmp_path / "consolidated.pt", [good_a, good_b, stale, cut], skip_bad=True,
+                         warn=warnings.append)
+    assert result.inputs == (good_a, good_b) and result.weights == (0.4, 0.6)  # 4 and 6 steps this round
+    assert result.steps == 10 + 4 + 6
+    assert torch.allclose(load_checkpoint(tmp_path / "consolidated.pt").model["w"], torch.full((2, 2), 2.2))
+    assert len(warnings) == 2
+    assert warnings[0].startswith(f"slurmhet consolidate: leaving out {cut}: cannot load checkpoint")
+    assert warnings[1] == (f"slurmhet consolidate: leaving out {stale}: it started at step 0, an earlier round "
+                           "than the others (10)")
+    with pytest.raises(InputError, match="none of the 1 copies loads"):
+        consolidate(tmp_path / "c2.pt", [cut], skip_bad=True, warn=warnings.append)
+    with pytest.raises(InputError, match="cannot take one weight per copy"):
+        consolidate(tmp_path / "c3.pt", [good_a, good_b], [1.0, 1.0], skip_bad=True)
