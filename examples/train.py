@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from slurmhet.errors import InputError
 from slurmhet.runtime import emulation
 from slurmhet.runtime.checkpoint import (StopRequest, TrainingCheckpoint, choose_resume, handle_stop,
                                          own_checkpoint_name, save_checkpoint)
@@ -206,4 +207,8 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except InputError as exc:  # e.g. no checkpoint of this job loads: say which and stop, do not start over
+        print(f"train.py: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
