@@ -106,6 +106,11 @@ def migrate(engine: Engine) -> None:
             command.upgrade(_alembic_config(engine), "head")
 
 
+def _one_line(exc: BaseException | None) -> str:
+    """A driver's message on one line (libpq adds "\n\tIs the server running on that host ...")."""
+    return " ".join(str(exc).split())
+
+
 class Database:
     """An opened, migrated database; ``transaction()`` gives the one session a command uses."""
 
@@ -118,9 +123,9 @@ class Database:
                 #: This store's instance id (migration 0002): the ``@tag`` of its Slurm comments.
                 self.instance = str(conn.execute(text("SELECT value FROM store_meta WHERE key = 'instance'")).scalar())
         except OperationalError as exc:
-            raise SystemFailure(f"cannot open the slurmhet database {self.safe_url}: {exc.orig}") from exc
+            raise SystemFailure(f"cannot open the slurmhet database {self.safe_url}: {_one_line(exc.orig)}") from exc
         except SQLAlchemyError as exc:
-            raise SystemFailure(f"database error on {self.safe_url}: {exc}") from exc
+            raise SystemFailure(f"database error on {self.safe_url}: {_one_line(exc)}") from exc
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._snapshots = sessionmaker(_reader(self.engine), expire_on_commit=False)
 
@@ -136,7 +141,7 @@ class Database:
             with session.begin():
                 yield session
         except OperationalError as exc:
-            raise SystemFailure(f"database error on {self.safe_url}: {exc.orig}") from exc
+            raise SystemFailure(f"database error on {self.safe_url}: {_one_line(exc.orig)}") from exc
         finally:
             session.close()
 
@@ -149,7 +154,7 @@ class Database:
             if session.new or session.dirty or session.deleted:
                 raise RuntimeError("a snapshot() session changed rows; use transaction()")
         except OperationalError as exc:
-            raise SystemFailure(f"database error on {self.safe_url}: {exc.orig}") from exc
+            raise SystemFailure(f"database error on {self.safe_url}: {_one_line(exc.orig)}") from exc
         finally:
             session.close()
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Iterator
 
 from sqlalchemy import text
+from sqlalchemy.exc import SQLAlchemyError
 
 from slurmhet.store.db import Database
 
@@ -30,8 +31,11 @@ def dispatch_lock(db: Database, state_dir: Path, owner: str, wait: bool = False)
                 yield got
             finally:
                 if got:
-                    conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
-                    conn.commit()
+                    try:
+                        conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+                        conn.commit()
+                    except SQLAlchemyError:
+                        pass  # the server went away, and the lock with the session; the error in flight tells why
         return
     state_dir.mkdir(parents=True, exist_ok=True)
     with open(state_dir / f"replan-{owner}.lock", "w") as handle:

@@ -17,10 +17,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -443,22 +442,6 @@ def test_refused_job_is_retried_by_replan_until_the_cap(
 
 
 TEST_USER = "slurmhet-test"
-
-
-@pytest.fixture
-def pg_store(pg_url: str) -> Iterator[str]:
-    """A private database on the PostgreSQL test server, shared by root and TEST_USER, dropped after."""
-    import psycopg
-
-    admin = pg_url.replace("postgresql+psycopg://", "postgresql://")
-    name = f"slurmhet_replan_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield pg_url.rsplit("/", 1)[0] + "/" + name
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def test_other_user_cannot_see_or_cancel_roots_job(tmp_path: Path, state_dir: Path, pg_store: str) -> None:
