@@ -305,12 +305,14 @@ class Replanner:
             for event in result.events:
                 add_event(session, None, "reset", event)
             for job in mine:
-                why = ("its nodes became unavailable" if displaced(job, inventory) else
+                gone = displaced(job, inventory)
+                why = ("its nodes became unavailable" if gone else
                        "the Slurm job(s) it was to start after will never complete (a predecessor was retried)"
                        if dependency_lost(job) else "")
                 if why:
                     live = sorted({p.target for p in job.slurm_jobs if p.current and p.state == "PENDING"})
-                    result.actions.append(f"cancel Slurm job(s) {','.join(live)} of job {job.id}: {why}")
+                    result.actions.append(f"cancel Slurm job(s) {','.join(live)} of job {job.id}: "
+                                          + ("nodes gone" if gone else why))
                     if not dry_run:
                         self.client.cancel(live)
                         for part in job.slurm_jobs:

@@ -23,7 +23,7 @@ def test_a_controller_restart_loses_nothing_and_runs_nothing_twice(tmp_path: Pat
     blocker = sbatch_foreign("--gres=gpu:k80:2", "-p", "k80", "-t", "10", "--wrap", "sleep 600")
     leftovers.append(blocker)
     wait_slurm(blocker, ("RUNNING",), timeout=90)
-    spec = write(tmp_path / "jobs.yaml", job("long", ["sleep", "60"], "{min: 1, max: 1, types: [v100]}"),
+    spec = write(tmp_path / "jobs.yaml", job("long", ["sleep", "600"], "{min: 1, max: 1, types: [v100]}"),
                  job("short", ["sleep", "8"], "{min: 1, max: 1, types: [t4]}"),
                  job("waits", ["sleep", "5"], "{min: 1, max: 1, types: [k80]}"))  # k80s held: it waits
     jobs = {j["name"]: j for j in json.loads(cli("submit", "--json", str(spec), state=state_dir).stdout)["jobs"]}

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.cluster.helpers import cli, wait_for
+from tests.cluster.helpers import cli, status
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster")
 
@@ -36,8 +37,14 @@ def test_result_returns_the_value_or_the_exception(tmp_path: Path, state_dir: Pa
     jobs = {j["name"]: j for j in json.loads(cli("submit", "--json", str(spec), state=state_dir, cwd=REPO).stdout)["jobs"]}
     leftovers.extend(i for j in jobs.values() for i in j["slurm_job_ids"])
     ids = {name: j["job_id"] for name, j in jobs.items()}
-    rows = wait_for(state_dir, list(ids.values()))
-    assert rows[ids["adds"]]["state"] == "COMPLETED"
+    # "raises" fails at start-up: by the failure rules it is retried once (a replan submits it again), then FAILED.
+    deadline = time.monotonic() + 180
+    while not all((rows := status(state_dir))[i]["state"] in ("COMPLETED", "FAILED", "CANCELLED") for i in ids.values()):
+        assert time.monotonic() < deadline, rows
+        cli("replan", "--once", state=state_dir, cwd=REPO)
+        time.sleep(2)
+    assert rows[ids["adds"]]["state"] == "COMPLETED" and rows[ids["raises"]]["state"] == "FAILED"
+    assert [p["role"] for p in rows[ids["raises"]]["slurm"]] == ["retried", "batch"]
 
     assert cli("result", str(ids["adds"]), state=state_dir).stdout.strip() == "{'sum': 5}"
     assert json.loads(cli("result", "--json", str(ids["adds"]), state=state_dir).stdout) == {"sum": 5}

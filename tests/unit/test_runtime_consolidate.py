@@ -161,13 +161,13 @@ def test_forked_copies_consolidate_between_rounds(tmp_path: Path) -> None:
     """Two copies train on different data orders, are consolidated, and both continue from the average."""
     _run_copy(tmp_path, 0, round_steps=4)
     _run_copy(tmp_path, 1, round_steps=2)
-    first = consolidate(tmp_path / "consolidated.pt", sorted(tmp_path.glob("copy-*.pt")))
+    first = consolidate(tmp_path / "consolidated.pt", sorted(tmp_path.glob("copy-?.pt")))
     assert (first.steps, first.weights) == (6, (4 / 6, 2 / 6))
     _run_copy(tmp_path, 0, round_steps=3)
     _run_copy(tmp_path, 1, round_steps=3)
-    copies = [load_checkpoint(p) for p in sorted(tmp_path.glob("copy-*.pt"))]
+    copies = [load_checkpoint(p) for p in sorted(tmp_path.glob("copy-?.pt"))]
     assert [(c.start_steps, c.steps) for c in copies] == [(6, 9), (6, 9)]
-    second = consolidate(tmp_path / "consolidated.pt", sorted(tmp_path.glob("copy-*.pt")))
+    second = consolidate(tmp_path / "consolidated.pt", sorted(tmp_path.glob("copy-?.pt")))
     assert second.steps == 12
 
 
