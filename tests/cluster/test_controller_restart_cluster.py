@@ -36,10 +36,13 @@ def test_a_controller_restart_loses_nothing_and_runs_nothing_twice(tmp_path: Pat
         time.sleep(1)
     before = live_tagged(store_tag(state_dir))
 
-    # Down for 15 s: "short" (8 s) ends meanwhile. Commands fail cleanly while it is down.
-    restart = subprocess.Popen([str(DEVCLUSTER), "restart", "slurmctld", "--down-s", "15"],
+    # Down for 20 s: "short" (8 s) ends meanwhile. Commands fail cleanly while it is down.
+    restart = subprocess.Popen([str(DEVCLUSTER), "restart", "slurmctld", "--down-s", "20"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(5)
+    deadline = time.monotonic() + 30  # SIGTERM'd, slurmctld saves its state first (seconds on 26.05)
+    while subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=30).stdout.count("UP"):
+        assert time.monotonic() < deadline and restart.poll() is None, "slurmctld did not go down"
+        time.sleep(0.5)
     down = cli("replan", "--once", state=state_dir, check=False)
     assert down.returncode == 1 and "Unable to contact slurm controller" in down.stderr, down
     assert len(down.stderr.strip().splitlines()) == 1, down.stderr
