@@ -17,6 +17,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from slurmhet.emit.requests import option_value
+
 
 @dataclass(frozen=True)
 class PartInfo:
@@ -99,7 +101,7 @@ def _part(slurm_id: str, streams: dict[str, Path], header: str) -> LogPart:
 def stderr_file(argv: Sequence[str], slurm_job_id: str, array_task: int | None = None) -> Path | None:
     """Where a part's stderr went: its sbatch ``--error`` pattern with Slurm's ``%j``/``%A``/``%a`` filled in
     (None: a part submitted without one, whose stderr is in its ``.out``)."""
-    pattern = next((a.removeprefix("--error=") for a in argv if a.startswith("--error=")), None)
+    pattern = option_value(argv, "error")
     if pattern is None:
         return None
     task = "" if array_task is None else str(array_task)

@@ -11,6 +11,7 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any, Mapping, Sequence
 
+from slurmhet.emit.requests import option_value
 from slurmhet.joblogs import LogPart
 from slurmhet.spec import JobSpec
 from slurmhet.throughput import ThroughputEntry
@@ -73,7 +74,7 @@ def _last_failure(events: Sequence[Any]) -> dict[str, Any] | None:
 
 def slurm_dependency(argv: Sequence[str]) -> str:
     """The ``--dependency`` a part was submitted with ("afterok:12:13"), or ""."""
-    return next((a.removeprefix("--dependency=") for a in argv or () if a.startswith("--dependency=")), "")
+    return option_value(argv or (), "dependency") or ""
 
 
 def detail_lines(d: Mapping[str, Any]) -> list[str]:

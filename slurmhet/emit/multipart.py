@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Sequence
 
 from slurmhet.emit.requests import (ArrayRequest, BatchRequest, ConsolidationRequest, HetJobRequest, Materialized,
-                                    PackRequest, SweepArrayRequest)
+                                    PackRequest, SweepArrayRequest, option_value)
 from slurmhet.slurm.client import SlurmClient
 from slurmhet.slurm.parsers import SlurmOutputError
 from slurmhet.slurm.runner import SlurmCommandError
@@ -113,10 +113,6 @@ class MultiPartOutcome:
         return tuple(p for p in self.submitted if p.slurm_job_id in self.cancel_failed)
 
 
-def _comment(argv: Sequence[str]) -> str | None:
-    return next((a.removeprefix("--comment=") for a in argv if a.startswith("--comment=")), None)
-
-
 class MultiPartSubmitter:
     """Submits parts in order through a SlurmClient; undoes earlier parts when a later one fails."""
 
@@ -141,7 +137,7 @@ class MultiPartSubmitter:
         unknown = isinstance(exc, SlurmOutputError) or exc.returncode is None
         ids = [p.slurm_job_id for p in done]
         if unknown:
-            found = self._find_by_comment(_comment(rendered.argv), known=set(ids))
+            found = self._find_by_comment(option_value(rendered.argv, "comment"), known=set(ids))
             unknown = found is None
             ids += found or []
         cancelled: tuple[str, ...] = ()

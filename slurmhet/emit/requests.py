@@ -9,11 +9,18 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, replace
+from typing import Sequence
 
 from slurmhet.emit.render import render, slurm_job_name
 from slurmhet.errors import InputError
 
 GPU_REQUEST_STYLES = ("gres", "gpus-per-node")
+
+
+def option_value(argv: Sequence[str], name: str) -> str | None:
+    """The value of sbatch option ``--name=value`` in a materialized (or stored) argv; None when absent."""
+    prefix = f"--{name}="
+    return next((a.removeprefix(prefix) for a in argv if a.startswith(prefix)), None)
 
 
 @dataclass(frozen=True)
