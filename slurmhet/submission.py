@@ -39,7 +39,7 @@ from slurmhet.spec import JobSpec, check_against_cluster, parse_job
 from slurmhet.startup import StartupCosts, learned_startup
 from slurmhet.store import Database, Job, JobState, SlurmJob, add_event, create_job, get_job, list_jobs
 from slurmhet.store.lock import dispatch_lock
-from slurmhet.sync import FINAL_PART_STATES, adopt_orphans, ask_slurm, sync_jobs
+from slurmhet.sync import adopt_orphans, ask_slurm, live_parts, sync_jobs
 from slurmhet.dependencies import Verdicts, preview_hold, resolve, verdicts
 from slurmhet.site_table import live_table, site_table, with_specs
 from slurmhet.throughput import ThroughputTable
@@ -178,7 +178,7 @@ IN_SLURM_AFTER = "waits in Slurm for its predecessors to complete (afterok)"
 def final_slurm_jobs(job: Job) -> tuple[str, ...]:
     """The Slurm ids whose completion is ``job``'s, while it runs as its final Slurm job (batch job or sweep
     task); () otherwise (pending: replan may still move it; forked rounds, packs, het jobs, adopted parts)."""
-    live = [p for p in job.slurm_jobs if p.current and p.state not in FINAL_PART_STATES]
+    live = live_parts(job)
     if job.state is not JobState.RUNNING or not live or any(p.role not in _FINAL_ROLES for p in live):
         return ()
     return tuple(sorted({p.target for p in live}))
@@ -211,8 +211,7 @@ def cancel_doomed(session: Session, jobs: Sequence[Job], doomed: Mapping[int, st
     actions = []
     for job in jobs:
         if job.id in doomed and not job.state.final:
-            live = sorted({p.target for p in job.slurm_jobs if p.current
-                           and p.state not in FINAL_PART_STATES})
+            live = sorted({p.target for p in live_parts(job)})
             if live:
                 cancel(live)
             for part in job.slurm_jobs:
@@ -229,7 +228,7 @@ def candidate_of(job: Job, samples_done: float = 0.0) -> Candidate:
     """The job as the planner sees it. One waiting in Slurm on its afterok holds no GPUs (Slurm keeps none
     for it) and is not planned until Slurm releases it."""
     spec = parse_job(job.spec, f"store:job {job.id}")
-    live = [p for p in job.slurm_jobs if p.current and p.state not in FINAL_PART_STATES]
+    live = live_parts(job)
     if job.state is JobState.SUBMITTED and live and all(p.state == "PENDING" and p.reason == "Dependency"
                                                        for p in live):
         return Candidate(job.id, spec, job.created_at.timestamp(), None, samples_done, job.owner,

@@ -60,6 +60,11 @@ def _failed_as(records: Sequence[QueueRecord] | Sequence[AccountingRecord]) -> s
     return ",".join(sorted({r.state for r in records if r.state in _FAILED}))
 
 
+def _exit_code(records: Sequence[QueueRecord] | Sequence[AccountingRecord]) -> str | None:
+    """The first non-zero ``code:signal`` among a part's records (het components, array tasks)."""
+    return next((r.exit_code for r in records if r.exit_code not in ("", "0:0")), None)
+
+
 def status_from_queue(part: SlurmJob, records: Sequence[QueueRecord]) -> PartStatus | None:
     mine = [r for r in records if r.root_id == part.slurm_job_id and _matches(part, r.het_offset, r.array_task)]
     if not mine:
@@ -68,9 +73,8 @@ def status_from_queue(part: SlurmJob, records: Sequence[QueueRecord]) -> PartSta
     # A pending job's start is Slurm's expectation and a live job's end its time limit: neither happened yet.
     starts = [r.start for r in mine if r.start] if state not in ("PENDING", "REQUEUED") else []
     ends = [r.end for r in mine if r.end] if state in FINAL_PART_STATES else []
-    codes = [r.exit_code for r in mine if r.exit_code not in ("", "0:0")] if state in FINAL_PART_STATES else []
     return PartStatus(state, reason=_failed_as(mine) or (mine[0].reason if mine[0].reason != "None" else ""),
-                      exit_code=codes[0] if codes else None,
+                      exit_code=_exit_code(mine) if state in FINAL_PART_STATES else None,
                       nodes=",".join(sorted({r.nodes for r in mine if r.nodes})),
                       start=min(starts) if starts else None, end=max(ends) if ends else None)
 
@@ -83,11 +87,10 @@ def status_from_accounting(part: SlurmJob, records: Sequence[AccountingRecord]) 
     starts = [r.start for r in mine if r.start]
     ends = [r.end for r in mine if r.end]
     state = _combine([r.state for r in mine])
-    exit_codes = [r.exit_code for r in mine if r.exit_code not in ("0:0", "")]
     return PartStatus(
         state, reason=_failed_as(mine),
         nodes=",".join(sorted({r.nodes for r in mine if r.nodes and r.nodes != "None assigned"})),
-        exit_code=exit_codes[0] if exit_codes else "0:0",
+        exit_code=_exit_code(mine) or "0:0",
         alloc_tres=";".join(",".join(f"{k}={v:g}" for k, v in sorted(r.alloc_tres.items())) for r in mine),
         start=min(starts) if starts else None,
         end=max(ends) if state in FINAL_PART_STATES and ends else None,
@@ -134,9 +137,13 @@ class SlurmView:
         return status_from_queue(part, self.queue) or status_from_accounting(part, self.accounting)
 
 
+def live_parts(job: Job) -> list[SlurmJob]:
+    """The job's current parts that Slurm has not ended yet (pending, running, or not known to have ended)."""
+    return [p for p in job.slurm_jobs if p.current and p.state not in FINAL_PART_STATES]
+
+
 def _live_parts(jobs: Sequence[Job]) -> list[SlurmJob]:
-    return [p for job in jobs if not job.state.final for p in job.slurm_jobs
-            if p.state not in FINAL_PART_STATES and p.current]
+    return [p for job in jobs if not job.state.final for p in live_parts(job)]
 
 
 def fetch_view(client: SlurmClient, jobs: Sequence[Job]) -> SlurmView:
@@ -255,8 +262,8 @@ def settle_failure(session: Session, job: Job) -> bool:
     events = session.scalars(select(Event).where(Event.job_id == job.id, Event.kind == "retried")).all()
     earlier = sum(1 for e in events if (e.data or {}).get("quick"))
     unusable = tuple(events[-1].data.get("unusable") or ()) if events and events[-1].data else ()
-    catalog = builtin()
-    verdict = judge(run, earlier, unusable, _allowed_types(session, job),
+    catalog, allowed = builtin(), _allowed_types(session, job)
+    verdict = judge(run, earlier, unusable, allowed,
                     lambda t: model.memory_gb if (model := catalog.lookup(t)) is not None else None)
     data = {"slurm_job_ids": sorted({p.target for p in failed}), "exit_code": run.exit_code,
             "slurm_state": run.slurm_state, "ran_s": run.ran_s, "stderr": str(err) if err else None,
@@ -265,7 +272,7 @@ def settle_failure(session: Session, job: Job) -> bool:
         for part in parts:
             part.role = "retried"
         if verdict.unusable != unusable:
-            left = [t for t in _allowed_types(session, job) if t not in verdict.unusable]
+            left = [t for t in allowed if t not in verdict.unusable]
             job.spec = {**job.spec, "gpus": {**(job.spec.get("gpus") or {}), "types": left}}
         job.state, job.reason, job.started_at, job.ended_at = JobState.PENDING, verdict.reason, None, None
         add_event(session, job, "retried", verdict.reason, **data)
