@@ -79,6 +79,7 @@ def status(obj: Context, job_id: int | None, as_json: bool, all_users: bool) -> 
         jobs = _visible_jobs(obj, session, all_users)
         sync_jobs(session, jobs, view)
         held = dependency_verdicts(session, jobs).held  # predecessors as they stand now, not at the last plan
+        logs = {j.id: _log_parts(obj, j, files) for j in jobs}
         rows = [{
             "id": j.id, "name": j.name, "owner": j.owner, "group": j.spec.get("group"), "state": j.state.value,
             "reason": _pending_reason(j, held) if j.state is JobState.PENDING else j.reason,
@@ -86,8 +87,8 @@ def status(obj: Context, job_id: int | None, as_json: bool, all_users: bool) -> 
                        "gpu_type": p.gpu_type, "gpus": p.gpu_count, "state": p.state, "nodes": p.nodes,
                        "reason": p.reason, "after": slurm_dependency(p.argv)} for p in j.slurm_jobs],
             "throughput_priors": list((j.plan or {}).get("priors") or ()),
-            "logs": [str(part.path) for part in _log_parts(obj, j, files)],
-            "stderr_logs": [str(part.stderr) for part in _log_parts(obj, j, files) if part.stderr],
+            "logs": [str(part.path) for part in logs[j.id]],
+            "stderr_logs": [str(part.stderr) for part in logs[j.id] if part.stderr],
             **(_waiting_view(j, context) if j.id not in held else _NOT_WAITING_FOR_GPUS),
         } for j in jobs]
     if as_json:
