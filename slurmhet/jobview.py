@@ -14,6 +14,7 @@ from typing import Any, Mapping, Sequence
 from slurmhet.emit.requests import option_value
 from slurmhet.joblogs import LogPart
 from slurmhet.spec import JobSpec
+from slurmhet.sync import restarts
 from slurmhet.throughput import ThroughputEntry
 
 
@@ -35,7 +36,7 @@ def job_detail(job: Any, spec: JobSpec, events: Sequence[Any], logs: Sequence[Lo
     actual = (job.ended_at - job.created_at).total_seconds() if job.ended_at else None
     return {
         "id": job.id, "name": job.name, "owner": job.owner, "state": job.state.value, "reason": job.reason,
-        "source": job.source, "attempts": job.attempts,
+        "source": job.source, "attempts": job.attempts, "restarts": restarts(job),
         "spec": {"workload": spec.workload.key, "work": work, "global_batch": spec.global_batch, "sync": spec.sync,
                  "gpus": {"min": spec.gpus.min, "max": spec.gpus.max, "types": list(spec.gpus.types)},
                  "command": list(spec.command) or None, "entrypoint": spec.entrypoint,
@@ -94,7 +95,8 @@ def detail_lines(d: Mapping[str, Any]) -> list[str]:
         label = "PRIOR" if cell["source"] == "prior" else cell["source"]
         lines.append(f"  speed on {gpu}: {cell['samples_per_s']:.1f} samples/s [{label}] {cell['provenance']}")
     lines.append(f"  times: stored {times['stored']}, started {times['started'] or '-'}, ended {times['ended'] or '-'}"
-                 + (f", JCT {times['actual_jct_s']:.0f} s" if times["actual_jct_s"] is not None else ""))
+                 + (f", JCT {times['actual_jct_s']:.0f} s" if times["actual_jct_s"] is not None else "")
+                 + (f"; restarted {d['restarts']} time(s)" if d.get("restarts") else ""))
     for p in d["slurm"]:
         where = f"{p['gpus']}x{p['gpu_type']}" if p["gpu_type"] else "-"
         lines.append(f"  Slurm {p['id']}" + (f"_{p['array_task']}" if p["array_task"] is not None else "")

@@ -46,6 +46,9 @@ THROUGHPUT_SHIFT = 0.2
 #: Slurm pending reasons that another GPU type can cure. Any other (QOSMaxGRESPerUser, AssocGrpGRES,
 #: ReqNodeNotAvail in a reservation, BeginTime, Dependency, held jobs) is left alone and shown in status.
 MOVABLE_REASONS = frozenset({"Resources", "Priority"})
+#: The hold Slurm puts on a job it requeued (preempted, its node failed): about two minutes of BeginTime.
+#: Such a job restarts from its checkpoint wherever it starts, so the move rule may judge it too.
+REQUEUE_HOLD = "BeginTime"
 #: Hysteresis of the move rule: another type must finish a pending job at least this many seconds
 #: sooner, and by at least MOVE_SHARE of its time left where it waits, so jobs do not flap.
 MOVE_MARGIN_S = 60.0
@@ -130,15 +133,21 @@ def fold_progress(session: Session, records: Sequence[ProgressRecord], workloads
 # --------------------------------------------------------------------------- the run
 
 
-def displaced(job: Job, inventory: Inventory) -> bool:
-    """A job waiting in Slurm whose planned nodes are gone: its pending parts must be re-planned."""
+def displaced(job: Job, inventory: Inventory) -> tuple[str, ...]:
+    """The planned nodes that are gone under a job waiting in Slurm (its pending parts must be re-planned):
+    a job not yet started, or one Slurm requeued after its node failed. Empty when none is gone."""
     alloc = stored_allocation(job)
     if job.state is not JobState.SUBMITTED or alloc is None:
-        return False
+        return ()
     if any(p.state != "PENDING" for p in job.slurm_jobs if p.current):
-        return False
+        return ()
     usable = {n.name for n in inventory.usable().nodes}
-    return any(node not in usable for node, _, _ in alloc.slots)
+    return tuple(sorted({node for node, _, _ in alloc.slots if node not in usable}))
+
+
+def requeued(job: Job) -> bool:
+    """Slurm requeued the job's current run under its own id (preempted, or its node failed)."""
+    return any(p.restarts for p in job.slurm_jobs if p.current)
 
 
 def dependency_lost(job: Job) -> bool:
@@ -149,6 +158,13 @@ def dependency_lost(job: Job) -> bool:
         p.state == "PENDING" and p.reason == "DependencyNeverSatisfied" for p in parts)
 
 
+def requeue_held(job: Job) -> tuple[str, ...]:
+    """The Slurm jobs (scontrol targets) of a job that Slurm requeued and holds until its BeginTime; empty if none.
+    The hold only delays the restart from its checkpoint: released, the job starts as soon as Slurm can place it."""
+    parts = [p for p in job.slurm_jobs if p.current and p.state == "PENDING"]
+    return tuple(sorted({p.target for p in parts if p.restarts and p.reason == REQUEUE_HOLD}))
+
+
 @dataclass(frozen=True)
 class Waiting:
     """One of the caller's jobs that is pending in Slurm and has never started."""
@@ -157,18 +173,24 @@ class Waiting:
     slurm_job_ids: tuple[str, ...]
     types: tuple[str, ...]
     reason: str
+    #: Requeued by Slurm after it ran (it resumes from its checkpoint wherever it starts next).
+    requeued: bool = False
 
 
 def waiting_in_slurm(job: Job) -> Waiting | None:
-    """The job as a candidate for the move rule, or None when it started, runs, or is not a plain pending job."""
+    """The job as a candidate for the move rule, or None when it runs or is not a plain pending job. A job
+    that started is one only once Slurm requeued it: it starts over from its checkpoint either way."""
     parts = [p for p in job.slurm_jobs if p.current]
     alloc = stored_allocation(job)
-    if job.state is not JobState.SUBMITTED or job.started_at is not None or not parts or alloc is None:
+    again = requeued(job)
+    if job.state is not JobState.SUBMITTED or (job.started_at is not None and not again) or not parts \
+            or alloc is None:
         return None
-    if any(p.state != "PENDING" or p.started_at is not None or p.role not in _MOVABLE_ROLES for p in parts):
+    if any(p.state != "PENDING" or (p.started_at is not None and not again) or p.role not in _MOVABLE_ROLES
+           for p in parts):
         return None
     return Waiting(job.id, tuple(sorted({p.slurm_job_id for p in parts})), tuple(sorted(alloc.by_type())),
-                   ",".join(sorted({p.reason for p in parts if p.reason})))
+                   ",".join(sorted({p.reason for p in parts if p.reason})), again)
 
 
 @dataclass(frozen=True)
@@ -195,7 +217,8 @@ def judge_moves(waiting: Sequence[Waiting], candidates: Sequence[Candidate], inv
     """
     out = []
     for wait in waiting:
-        if not wait.reason or not set(wait.reason.split(",")) <= MOVABLE_REASONS:
+        movable = MOVABLE_REASONS | ({REQUEUE_HOLD} if wait.requeued else set())
+        if not wait.reason or not set(wait.reason.split(",")) <= movable:
             continue
         others = [c for c in candidates if c.job_id != wait.job_id]
         mine = next((c for c in candidates if c.job_id == wait.job_id), None)
@@ -306,6 +329,11 @@ class Replanner:
                 add_event(session, None, "reset", event)
             for job in mine:
                 gone = displaced(job, inventory)
+                if gone and requeued(job):
+                    failed = (f"node {','.join(gone)} failed under job {job.id} ({job.name}); Slurm requeued it "
+                              f"there: re-planned now, resumes from its checkpoint")
+                    result.events.append(failed)
+                    add_event(session, None, "reset", failed)
                 why = ("its nodes became unavailable" if gone else
                        "the Slurm job(s) it was to start after will never complete (a predecessor was retried)"
                        if dependency_lost(job) else "")
@@ -356,6 +384,13 @@ class Replanner:
             result.actions.append(f"cancel Slurm job(s) {','.join(move.slurm_job_ids)} of job {move.job_id}: {note}")
             if not dry_run:
                 self._supersede(move, note)
+        for job in mine:
+            held = requeue_held(job) if job.id not in moved and not job.state.final else ()
+            if held:
+                result.actions.append(f"release Slurm's requeue hold on {','.join(held)} of job {job.id}: it "
+                                      "resumes from its checkpoint as soon as Slurm can start it")
+                if not dry_run:
+                    self.client.release_requeue_hold(list(held))
         # A moved job is planned afresh, kept off the types it waited for (this run's verdict stands).
         candidates = [replace(c, current=None) if c.job_id in moved else c for c in candidates]
         plan = plan_for(candidates, inventory, table, self.settings.default_policy, now, shared=shared, only=moved,

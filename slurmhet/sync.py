@@ -36,6 +36,8 @@ class PartStatus:
     alloc_tres: str = ""
     start: datetime | None = None
     end: datetime | None = None
+    #: Slurm's requeue count (squeue only: sacct's record of an ended job says 0).
+    restarts: int = 0
 
 
 def _matches(part: SlurmJob, het_offset: int | None, array_task: int | None) -> bool:
@@ -76,7 +78,8 @@ def status_from_queue(part: SlurmJob, records: Sequence[QueueRecord]) -> PartSta
     return PartStatus(state, reason=_failed_as(mine) or (mine[0].reason if mine[0].reason != "None" else ""),
                       exit_code=_exit_code(mine) if state in FINAL_PART_STATES else None,
                       nodes=",".join(sorted({r.nodes for r in mine if r.nodes})),
-                      start=min(starts) if starts else None, end=max(ends) if ends else None)
+                      start=min(starts) if starts else None, end=max(ends) if ends else None,
+                      restarts=max(r.restarts for r in mine))
 
 
 def status_from_accounting(part: SlurmJob, records: Sequence[AccountingRecord]) -> PartStatus | None:
@@ -142,6 +145,17 @@ def live_parts(job: Job) -> list[SlurmJob]:
     return [p for p in job.slurm_jobs if p.current and p.state not in FINAL_PART_STATES]
 
 
+def restarts(job: Job) -> int:
+    """Times the job's work was cut off and resumed: Slurm's requeues of a run under its own id (preempted,
+    its node failed) plus failed runs that were retried. Het components and a pack's members are one run;
+    moving a job that never started is not a restart."""
+    requeues: dict[str, int] = {}
+    for part in job.slurm_jobs:
+        requeues[part.target] = max(requeues.get(part.target, 0), part.restarts or 0)
+    retried = {p.target for p in job.slurm_jobs if p.role == "retried"}
+    return sum(requeues.values()) + len(retried)
+
+
 def _live_parts(jobs: Sequence[Job]) -> list[SlurmJob]:
     return [p for job in jobs if not job.state.final for p in live_parts(job)]
 
@@ -173,6 +187,12 @@ def sync_jobs(session: Session, jobs: list[Job], view: SlurmView) -> int:
         status = view.status(part)
         if status is None:
             continue
+        if status.restarts > part.restarts:
+            ran_on = f" after it ran on {part.nodes}" if part.nodes else ""
+            add_event(session, part.job, "requeued", f"Slurm requeued {part.target}{ran_on} (restart {status.restarts}: "
+                      f"preempted, its node failed, or requeued by hand); it resumes from its checkpoint",
+                      slurm_job_id=part.target, restarts=status.restarts, nodes=part.nodes)
+            part.restarts = status.restarts
         part.state, part.reason = status.state, status.reason
         part.nodes = status.nodes or part.nodes
         part.exit_code = status.exit_code or part.exit_code

@@ -60,7 +60,7 @@ def status(obj: Context, job_id: int | None, as_json: bool, all_users: bool) -> 
     with an ID, that job in full (spec, plan, speeds, Slurm parts, times, log files, events)."""
     from slurmhet.jobview import slurm_dependency
     from slurmhet.submission import current_user, dependency_verdicts
-    from slurmhet.sync import fetch_view, sync_jobs
+    from slurmhet.sync import fetch_view, restarts, sync_jobs
 
     if job_id is not None:
         _status_one(obj, job_id, as_json)
@@ -82,6 +82,7 @@ def status(obj: Context, job_id: int | None, as_json: bool, all_users: bool) -> 
         logs = {j.id: _log_parts(obj, j, files) for j in jobs}
         rows = [{
             "id": j.id, "name": j.name, "owner": j.owner, "group": j.spec.get("group"), "state": j.state.value,
+            "restarts": restarts(j),
             "reason": _pending_reason(j, held) if j.state is JobState.PENDING else j.reason,
             "slurm": [{"id": p.slurm_job_id, "role": p.role, "het_offset": p.het_offset, "array_task": p.array_task,
                        "gpu_type": p.gpu_type, "gpus": p.gpu_count, "state": p.state, "nodes": p.nodes,
@@ -104,7 +105,8 @@ def status(obj: Context, job_id: int | None, as_json: bool, all_users: bool) -> 
                                     and "planned on a prior speed for " + ", ".join(row["throughput_priors"]),
                                     row["slurm_expected_start"] and f"Slurm expects start {row['slurm_expected_start']}",
                                     row["planned_start"] and f"plan: start {row['planned_start']}", row["why"]) if x)
-        table.add_row(str(row["id"]), row["name"], row["owner"], row["state"],
+        table.add_row(str(row["id"]), row["name"], row["owner"],
+                      row["state"] + (f" ({row['restarts']} restarts)" if row["restarts"] else ""),
                       " ".join(dict.fromkeys(f"{p['id']}_{p['array_task']}" if p["role"] == "sweep" else p["id"]
                                              for p in parts)),
                       " ".join(f"{p['gpus']}x{p['gpu_type']}" for p in parts),

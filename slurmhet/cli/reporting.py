@@ -82,11 +82,11 @@ def report(obj: Context, since: Any, user: str | None, group: str | None, as_jso
 def _stored_view(job: Any) -> Any:
     from slurmhet.report import StoredJob
 
-    runs = {p.target for p in job.slurm_jobs if p.role in ("batch", "het", "pack", "sweep", "retried")}
-    restarts = max(0, len(runs) - 1)  # het components and a pack's members are one run each
+    from slurmhet.sync import restarts
+
     return StoredJob(id=job.id, name=job.name, owner=job.owner, weight=float(job.spec.get("weight", 1.0)),
                      predicted_jct_s=job.predicted_jct_s, slurm_ids=tuple(p.target for p in job.slurm_jobs),
-                     restarts=restarts, emulated=bool((job.plan or {}).get("emulated")), stored_at=job.created_at)
+                     restarts=restarts(job), emulated=bool((job.plan or {}).get("emulated")), stored_at=job.created_at)
 
 
 def _print_report(result: Any) -> None:

@@ -30,6 +30,7 @@ class SlurmClient(Protocol):
     def accounting(self, job_ids: Sequence[str] | None = None, since: datetime | None = None,
                    user: str | None = None) -> list[AccountingRecord]: ...
     def cancel(self, job_ids: Sequence[str]) -> None: ...
+    def release_requeue_hold(self, job_ids: Sequence[str]) -> None: ...
     def sbatch_help(self) -> str: ...
     def partitions(self) -> list[PartitionRecord]: ...
     def reservations(self) -> list[ReservationRecord]: ...
@@ -104,6 +105,12 @@ class SlurmCli:
     def cancel(self, job_ids: Sequence[str]) -> None:
         if job_ids:
             self._run(["scancel", *job_ids])
+
+    def release_requeue_hold(self, job_ids: Sequence[str]) -> None:
+        """Let requeued jobs start as soon as Slurm can place them, not after the BeginTime Slurm set at the
+        requeue (a job's owner may move its own begin time)."""
+        for job_id in job_ids:
+            self._run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
 
     def sbatch_help(self) -> str:
         return self._run(["sbatch", "--help"])

@@ -284,6 +284,8 @@ class QueueRecord:
     gpu_request: tuple[tuple[str | None, int], ...] = ()
     #: ``code:signal`` as sacct prints it, once the job ended ("" before, or when squeue does not say).
     exit_code: str = ""
+    #: Times Slurm requeued this job (preemption, a failed node, ``scontrol requeue``); one Slurm id throughout.
+    restarts: int = 0
 
     @property
     def root_id(self) -> str:
@@ -447,6 +449,7 @@ def parse_squeue_json(stdout: str) -> list[QueueRecord]:
                 gpus=_held_gpus(job, str(state or ""), job_id),
                 gpu_request=_gpu_request(job, job_id),
                 exit_code=_exit_code(job.get("exit_code")),
+                restarts=_num(job.get("restart_cnt")) or 0,
             )
         )
     return out

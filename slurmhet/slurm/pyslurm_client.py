@@ -93,6 +93,9 @@ class PyslurmClient:
     def cancel(self, job_ids: Sequence[str]) -> None:
         self.cli.cancel(job_ids)
 
+    def release_requeue_hold(self, job_ids: Sequence[str]) -> None:
+        self.cli.release_requeue_hold(job_ids)
+
     def queue(self, job_ids: Sequence[str] | None = None) -> list[QueueRecord]:
         wanted = set(job_ids) if job_ids is not None else None
         out = []
@@ -103,7 +106,7 @@ class PyslurmClient:
                 array_job_id=str(job.array_id) if job.array_id else None,
                 array_task=job.array_task_id if job.array_id else None, name=job.name or "", state=str(job.state),
                 reason=str(job.state_reason or ""), comment=job.comment or "", user=job.user_name or "",
-                nodes=job.nodes or "",
+                nodes=job.nodes or "", restarts=job.requeue_count or 0,
             )
             if wanted is None or {record.job_id, record.root_id} & wanted:
                 out.append(record)

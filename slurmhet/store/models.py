@@ -110,6 +110,8 @@ class SlurmJob(Base):
     argv: Mapped[list[str]] = mapped_column(JSON, default=list)
     #: Seconds from this Slurm job's start to its job's first progress, once folded into StartupObservation.
     startup_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    #: Times Slurm requeued this part under its own id (preempted, its node failed), as squeue last said.
+    restarts: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
     job: Mapped[Job] = relationship(back_populates="slurm_jobs")
 

@@ -86,7 +86,7 @@ def test_job_detail_says_what_was_asked_planned_measured_and_where_output_is() -
     part = SimpleNamespace(id=1, slurm_job_id="30", role="het", round=0, array_task=None, het_offset=0,
                            gpu_type="v100", gpu_count=2, nodes="nodea", state="COMPLETED", reason="",
                            exit_code="0:0", submitted_at=at(1), started_at=at(2), ended_at=at(12),
-                           argv=["sbatch", "--dependency=afterok:29"])
+                           argv=["sbatch", "--dependency=afterok:29"], target="30", restarts=1)
     job = SimpleNamespace(id=5, name="r", owner="alice", state=JobState.COMPLETED, reason="", source="r.yaml",
                           attempts=1, plan={"policy": "slurmhet", "slots": [["nodea", "v100", 2]], "start_s": 0.0,
                                             "priors": ["t4"], "shard_weights": [0.5, 0.5]},
@@ -96,9 +96,11 @@ def test_job_detail_says_what_was_asked_planned_measured_and_where_output_is() -
     speeds = {"v100": ThroughputEntry(1500.0, "measured", "Gavel v100"),
               "t4": ThroughputEntry(640.0, "prior", "prior: catalog t4/v100")}
     detail = job_detail(job, spec, events, log_parts(PARTS[6:7], FILES), speeds, {})
+    assert detail["restarts"] == 1  # Slurm requeued its run once (preempted, say)
     assert detail["times"]["actual_jct_s"] == 720.0 and detail["plan"]["throughput_priors"] == ["t4"]
     assert detail["throughput"]["t4"]["source"] == "prior" and detail["logs"][0]["path"] == "/l/slurmhet-5-30.out"
     text = "\n".join(detail_lines(detail))
     assert "speed on t4: 640.0 samples/s [PRIOR] prior: catalog t4/v100" in text
+    assert "JCT 720 s; restarted 1 time(s)" in text
     assert "plan: nodea:v100x2 (slurmhet)" in text and "predicted JCT 600 s" in text
     assert "Slurm 30+0 [het] 2xv100 on nodea: COMPLETED, exit 0:0, starts after afterok:29" in text and "log: /l/slurmhet-5-30.out" in text

@@ -154,7 +154,7 @@ def test_migration_adds_startup_on_a_fresh_store(tmp_path: Path) -> None:
     assert "startup_observations" in inspector.get_table_names()
     assert "startup_s" in {c["name"] for c in inspector.get_columns("slurm_jobs")}
     with db.engine.connect() as conn:
-        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0004"
+        assert conn.execute(text("SELECT version_num FROM alembic_version")).scalar() == "0005"
 
 
 def test_migration_upgrades_an_existing_0002_store(tmp_path: Path) -> None:
@@ -175,6 +175,7 @@ def test_migration_upgrades_an_existing_0002_store(tmp_path: Path) -> None:
         assert old is not None and old.samples_per_s == 1.5 and old.source == "ewma"  # 0004: earlier rows were EWMA
         part = session.scalars(select(SlurmJob)).one()
         assert part.slurm_job_id == "10" and part.startup_s is None
+        assert part.restarts == 0  # 0005: parts stored before it were never seen requeued
         assert list(session.scalars(select(StartupObservation))) == []
 
 

@@ -1,0 +1,105 @@
+"""Real preemption on the dev cluster: a job of the high-priority partition (urgent, PriorityTier=10) needs the
+GPUs a slurmhet job trains on. Slurm signals the job, which checkpoints within its partition's GraceTime; Slurm
+requeues it under its own id; replan releases the requeue hold once the GPUs are free, and the job resumes from
+its checkpoint and completes: one Slurm job, two runs, no step trained twice, the restart in status and report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from slurmhet.runtime.progress import read_progress
+from tests.cluster.helpers import cli, status
+from tests.cluster.replan_helpers import sbatch_foreign, wait_slurm
+
+pytestmark = pytest.mark.usefixtures("slurm_cluster")
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN = str(REPO / "examples" / "train.py")
+STEPS = 60
+#: 64 emulated samples/s at a global batch of 32: 2 steps a second, so the job trains about 30 s in all.
+ENV = {"SLURMHET_EMULATE_THROUGHPUT": "1", "SLURMHET_EMULATED_SAMPLES_PER_S": "64"}
+
+
+def _history(slurm_id: str) -> list[str]:
+    """Every run of the Slurm job, oldest first (``sacct --duplicates`` keeps the requeued runs' rows)."""
+    out = subprocess.run(["sacct", "-D", "-X", "-n", "-P", "-j", slurm_id, "-o", "State"], capture_output=True,
+                         text=True, timeout=30, check=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
+
+
+def _steps(state_dir: Path, job_id: int) -> int:
+    return max((r.steps_done for r in read_progress(state_dir / "progress") if r.job_id == str(job_id)), default=0)
+
+
+def test_a_preempted_job_checkpoints_is_requeued_and_resumes_from_its_checkpoint(tmp_path: Path, state_dir: Path,
+                                                                                leftovers: list[str]) -> None:
+    ckpt = tmp_path / "ckpt"
+    command = [sys.executable, TRAIN, "--steps", str(STEPS), "--dataset-size", "256", "--global-batch", "32"]
+    spec = tmp_path / "job.yaml"
+    spec.write_text(textwrap.dedent(f"""\
+        name: preemptible
+        command: {json.dumps(command)}
+        workload: {{model: mlp-small, batch_size: 32}}
+        global_batch: 32
+        work: {{steps: {STEPS}}}
+        gpus: {{min: 1, max: 1, types: [k80]}}
+        checkpoint_dir: {json.dumps(str(ckpt))}
+        time_limit: 10
+        """))
+    env = {**ENV, "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    [out] = json.loads(cli("submit", "--json", str(spec), state=state_dir, env=env).stdout)["jobs"]
+    leftovers.extend(out["slurm_job_ids"])
+    job_id, (slurm_id,) = out["job_id"], out["slurm_job_ids"]
+    deadline = time.monotonic() + 90
+    while _steps(state_dir, job_id) < 6:
+        assert time.monotonic() < deadline, status(state_dir)[job_id]
+        time.sleep(0.5)
+
+    # Another user's urgent job needs both k80s: Slurm preempts the slurmhet job to make room.
+    urgent = sbatch_foreign("-p", "urgent", "--gres=gpu:k80:2", "-w", "nodec", "-t", "2", "--wrap", "sleep 15")
+    leftovers.append(urgent)
+    wait_slurm(urgent, ("RUNNING",), timeout=90)
+    preempted_at = _steps(state_dir, job_id)
+    assert preempted_at < STEPS, "the job finished before it was preempted"
+
+    actions: list[str] = []
+    deadline = time.monotonic() + 150
+    while (row := status(state_dir)[job_id])["state"] not in ("COMPLETED", "FAILED", "CANCELLED"):
+        assert time.monotonic() < deadline, (row, actions, _history(slurm_id))
+        actions += json.loads(cli("replan", "--once", "--json", state=state_dir, env=env).stdout)["actions"]
+        time.sleep(2)
+
+    assert row["state"] == "COMPLETED", row
+    assert [p["id"] for p in row["slurm"]] == [slurm_id], row  # requeued under its own id: never resubmitted
+    assert row["restarts"] == 1, row
+    history = _history(slurm_id)
+    assert history[0] in ("PREEMPTED", "REQUEUED") and history[-1] == "COMPLETED" and len(history) == 2, history
+    assert any(a.startswith(f"release Slurm's requeue hold on {slurm_id} of job {job_id}") for a in actions), actions
+
+    log = cli("logs", str(job_id), state=state_dir).stdout
+    errors = cli("logs", "--stderr", str(job_id), state=state_dir).stdout  # the launcher's words
+    stopped = [line for line in errors.splitlines() if "stopping after step" in line and "preempted" in line]
+    assert stopped, errors
+    at = int(stopped[0].split("stopping after step ")[1].split(":")[0])
+    assert preempted_at <= at < STEPS, (preempted_at, at)
+    # The second run starts where the checkpoint written on the signal left off: nothing trained twice, nothing lost.
+    assert f"resuming from {ckpt / 'checkpoint.pt'} at step {at}" in log + errors, (log, errors)
+    summaries = [json.loads(line) for line in log.splitlines() if line.startswith("{") and '"start_steps"' in line]
+    assert [(s["start_steps"], s["steps"], s["state"]) for s in summaries] == [(0, at, "preempted"),
+                                                                                (at, STEPS, "done")], summaries
+
+    detail = json.loads(cli("status", str(job_id), "--json", state=state_dir).stdout)
+    assert detail["restarts"] == 1
+    requeued = [e["message"] for e in detail["events"] if e["kind"] == "requeued"]
+    assert len(requeued) == 1 and requeued[0].startswith(f"Slurm requeued {slurm_id}") and "(restart 1" in requeued[0]
+    report = json.loads(cli("report", "--json", state=state_dir).stdout)
+    (line,) = [j for j in report["jobs"] if j["id"] == job_id]
+    assert (line["state"], line["restarts"]) == ("COMPLETED", 1), line
