@@ -216,6 +216,7 @@ def judge_moves(waiting: Sequence[Waiting], candidates: Sequence[Candidate], inv
     unplaced and kept off its current types. Only reasons in MOVABLE_REASONS are judged.
     """
     out = []
+    have = inventory.usable().gpus_by_type()
     for wait in waiting:
         movable = MOVABLE_REASONS | ({REQUEUE_HOLD} if wait.requeued else set())
         if not wait.reason or not set(wait.reason.split(",")) <= movable:
@@ -228,7 +229,9 @@ def judge_moves(waiting: Sequence[Waiting], candidates: Sequence[Candidate], inv
         allowed = mine.spec.gpus.types or inventory.gpu_types
         # Only types the caller may reach: an empty reach would leave the what-if free to use any type.
         elsewhere = tuple(t for t in allowed if t not in wait.types and t in shared.access.types)
-        if not elsewhere:
+        # Either what-if must be able to hold the job now (a node down leaves fewer GPUs than gpus.min).
+        if not elsewhere or min(sum(have.get(t, 0) for t in types) for types in (elsewhere, wait.types)) \
+                < mine.spec.gpus.min:
             continue
         stay = plan_for([*others, free], inventory, table, policy, now, shared=shared,
                         only={wait.job_id: wait.types}, startup=startup).job(str(wait.job_id))

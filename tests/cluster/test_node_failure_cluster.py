@@ -1,0 +1,108 @@
+"""A node fails under a running job, on the dev cluster: the job restarts as a whole from its last checkpoint on
+the nodes left, replan says which node failed under which job, no two runs of it overlap, and status and report
+count the restart."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from slurmhet.runtime.progress import read_progress
+from tests.cluster.helpers import accounting, cli, status
+
+pytestmark = pytest.mark.usefixtures("slurm_cluster")
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN = str(REPO / "examples" / "train.py")
+STEPS = 80
+EVERY = 5
+#: 96 emulated samples/s at a global batch of 48 (8 per rank): 2 steps a second.
+ENV = {"SLURMHET_EMULATE_THROUGHPUT": "1", "SLURMHET_EMULATED_SAMPLES_PER_S": "96"}
+
+
+def _steps(state_dir: Path, job_id: int) -> int:
+    return max((r.steps_done for r in read_progress(state_dir / "progress") if r.job_id == str(job_id)), default=0)
+
+
+def _node(name: str, state: str) -> None:
+    subprocess.run(["scontrol", "update", f"nodename={name}", f"state={state}", "reason=slurmhet node-failure test"],
+                   check=True, timeout=30)
+
+
+def _resume(name: str) -> None:
+    """Bring the node back unless it already is (slurmd re-registering returns it: ReturnToService=2)."""
+    if subprocess.run(["sinfo", "-h", "-n", name, "-o", "%T"], capture_output=True, text=True,
+                      timeout=30).stdout.strip().startswith(("down", "drain")):
+        _node(name, "resume")
+
+
+def test_a_node_failing_under_a_het_job_restarts_it_whole_from_its_checkpoint(tmp_path: Path, state_dir: Path,
+                                                                             leftovers: list[str]) -> None:
+    ckpt = tmp_path / "ckpt"
+    command = [sys.executable, TRAIN, "--steps", str(STEPS), "--dataset-size", "480", "--global-batch", "48",
+               "--checkpoint-every", str(EVERY)]
+    spec = tmp_path / "job.yaml"
+    spec.write_text(textwrap.dedent(f"""\
+        name: het-train
+        command: {json.dumps(command)}
+        workload: {{model: mlp-small, batch_size: 8}}
+        global_batch: 48
+        model_size_mb: 0.01
+        work: {{steps: {STEPS}}}
+        gpus: {{min: 6, max: 6, types: [v100, t4, k80]}}
+        checkpoint_dir: {json.dumps(str(ckpt))}
+        time_limit: 10
+        """))
+    env = {**ENV, "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    [out] = json.loads(cli("submit", "--json", str(spec), state=state_dir, env=env).stdout)["jobs"]
+    leftovers.extend(out["slurm_job_ids"])
+    job_id, (first,) = out["job_id"], out["slurm_job_ids"]
+    deadline = time.monotonic() + 120
+    while _steps(state_dir, job_id) < 2 * EVERY + 2:
+        assert time.monotonic() < deadline, status(state_dir)[job_id]
+        time.sleep(0.5)
+    row = status(state_dir)[job_id]
+    assert row["state"] == "RUNNING" and len(row["slurm"]) == 2, row  # one het job, two components
+    (failing,) = {p["nodes"] for p in row["slurm"]} - {"nodea"}  # 4 v100 on nodea, 2 GPUs on another node
+    seen = _steps(state_dir, job_id)
+    # Down kills and requeues what runs there; drained, it stays out of use (a slurmd re-registering would
+    # otherwise return a merely DOWN node at once: ReturnToService=2), as a broken node does until repaired.
+    _node(failing, "down")
+    try:
+        _node(failing, "drain")
+        events: list[str] = []
+        deadline = time.monotonic() + 240
+        while (row := status(state_dir)[job_id])["state"] not in ("COMPLETED", "FAILED", "CANCELLED"):
+            assert time.monotonic() < deadline, (row, events)
+            result = json.loads(cli("replan", "--once", "--json", state=state_dir, env=env).stdout)
+            events += result["events"] + result["actions"]
+            time.sleep(2)
+    finally:
+        _resume(failing)
+    assert row["state"] == "COMPLETED", (row, events)
+    assert any(e.startswith(f"node {failing} failed under job {job_id} (het-train)") for e in events), events
+    runs = sorted({p["id"] for p in row["slurm"]}, key=int)
+    assert len(runs) == 2 and runs[0] == first, row  # the failed run and the restart, nothing more
+    assert all(failing not in p["nodes"] for p in row["slurm"] if p["id"] == runs[1]), row
+    records = {r.id.job: r for r in accounting(runs) if not r.id.is_step and r.id.het_offset in (None, 0)}
+    end_of_first, start_of_second = records[runs[0]].end, records[runs[1]].start
+    assert end_of_first is not None and start_of_second is not None and end_of_first <= start_of_second, records
+    assert records[runs[1]].state == "COMPLETED", records
+
+    # It resumed from its last checkpoint: at most one checkpoint interval of work lost.
+    log = cli("logs", str(job_id), state=state_dir).stdout + cli("logs", "--stderr", str(job_id), state=state_dir).stdout
+    resumed = [line for line in log.splitlines() if "resuming from" in line]
+    assert resumed, log
+    at = int(resumed[-1].rsplit("at step ", 1)[1].split()[0].rstrip(":,."))
+    assert at % EVERY == 0 and seen - EVERY <= at < STEPS, (seen, at)
+    assert row["restarts"] == 1, row
+    report = json.loads(cli("report", "--json", state=state_dir).stdout)
+    (line,) = [j for j in report["jobs"] if j["id"] == job_id]
+    assert (line["state"], line["restarts"]) == ("COMPLETED", 1), line
