@@ -145,6 +145,21 @@ def displaced(job: Job, inventory: Inventory) -> tuple[str, ...]:
     return tuple(sorted({node for node, _, _ in alloc.slots if node not in usable}))
 
 
+def stranded_copies(job: Job, inventory: Inventory) -> list[tuple[SlurmJob, tuple[str, ...]]]:
+    """Forked copies of the job's round pending on their pinned node, now down or drained (Slurm requeued the
+    copy there when the node failed under it, or it never started), with those nodes: left there, the round's
+    consolidation (afterany) would wait forever."""
+    usable = {n.name for n in inventory.usable().nodes}
+    out = []
+    for part in job.slurm_jobs:
+        if part.role != "array" or part.state != "PENDING":
+            continue
+        gone = tuple(n for n in part.nodes.split(",") if n and n not in usable)
+        if gone:
+            out.append((part, gone))
+    return out
+
+
 def requeued(job: Job) -> bool:
     """Slurm requeued the job's current run under its own id (preempted, or its node failed)."""
     return any(p.restarts for p in job.slurm_jobs if p.current)
@@ -330,27 +345,7 @@ class Replanner:
                 session.add(ClusterSnapshot(nodes=view))
             for event in result.events:
                 add_event(session, None, "reset", event)
-            for job in mine:
-                gone = displaced(job, inventory)
-                if gone and requeued(job):
-                    failed = (f"node {','.join(gone)} failed under job {job.id} ({job.name}); Slurm requeued it "
-                              f"there: re-planned now, resumes from its checkpoint")
-                    result.events.append(failed)
-                    add_event(session, None, "reset", failed)
-                why = ("its nodes became unavailable" if gone else
-                       "the Slurm job(s) it was to start after will never complete (a predecessor was retried)"
-                       if dependency_lost(job) else "")
-                if why:
-                    live = sorted({p.target for p in job.slurm_jobs if p.current and p.state == "PENDING"})
-                    result.actions.append(f"cancel Slurm job(s) {','.join(live)} of job {job.id}: "
-                                          + ("nodes gone" if gone else why))
-                    if not dry_run:
-                        self.client.cancel(live)
-                        for part in job.slurm_jobs:
-                            if part.current:
-                                part.role, part.state = "superseded", "CANCELLED"
-                        job.state, job.reason = JobState.PENDING, f"re-planned: {why}"
-                        add_event(session, job, "displaced", job.reason, slurm_job_ids=live)
+            self._displace(session, mine, inventory, dry_run, result)
             steps = job_steps(read_progress(self.settings.progress_dir))
             # Forked jobs whose round ended: the sync leaves them open for the Job Tracker.
             forked = [j for j in mine if forked_round(j) is not None]
@@ -421,6 +416,56 @@ class Replanner:
                                       + (f" Slurm {','.join(outcome.slurm_job_ids)}" if outcome.slurm_job_ids else "")
                                       + (f" ({outcome.reason})" if outcome.reason else ""))
         return result
+
+    def _displace(self, session: Session, mine: Sequence[Job], inventory: Inventory, dry_run: bool,
+                  result: ReplanResult) -> None:
+        """Re-plan jobs waiting in Slurm on nodes that are gone or on an afterok that cannot be met, and leave
+        out of its round a forked copy Slurm requeued onto its dead node. Each Slurm job is cancelled once
+        (a pack's members share one)."""
+        cancelled: set[str] = set()
+
+        def cancel(targets: Sequence[str]) -> None:
+            todo = [t for t in targets if t not in cancelled]
+            if todo and not dry_run:
+                self.client.cancel(todo)
+            cancelled.update(todo)
+
+        for job in mine:
+            for part, nodes in stranded_copies(job, inventory):
+                left_out = (f"node {','.join(nodes)} "
+                            + ("failed under" if part.restarts or part.started_at else "is gone for")
+                            + f" job {job.id} ({job.name}): copy {part.array_task} of round {part.round} is left "
+                              "out, the round is consolidated without it")
+                result.events.append(left_out)
+                result.actions.append(f"cancel Slurm job {part.slurm_job_id}_{part.array_task} of job {job.id}: "
+                                      f"{left_out}")
+                cancel([f"{part.slurm_job_id}_{part.array_task}"])
+                if not dry_run:
+                    part.state = "CANCELLED"
+                    add_event(session, None, "reset", left_out)
+                    add_event(session, job, "reset", left_out)
+            gone = displaced(job, inventory)
+            if gone and requeued(job):
+                failed = (f"node {','.join(gone)} failed under job {job.id} ({job.name}); Slurm requeued it "
+                          f"there: re-planned now, resumes from its checkpoint")
+                result.events.append(failed)
+                if not dry_run:
+                    add_event(session, None, "reset", failed)
+            why = ("its nodes became unavailable" if gone else
+                   "the Slurm job(s) it was to start after will never complete (a predecessor was retried)"
+                   if dependency_lost(job) else "")
+            if not why:
+                continue
+            live = sorted({p.target for p in job.slurm_jobs if p.current and p.state == "PENDING"})
+            result.actions.append(f"cancel Slurm job(s) {','.join(live)} of job {job.id}: "
+                                  + ("nodes gone" if gone else why))
+            cancel(live)
+            if not dry_run:
+                for part in job.slurm_jobs:
+                    if part.current:
+                        part.role, part.state = "superseded", "CANCELLED"
+                job.state, job.reason = JobState.PENDING, f"re-planned: {why}"
+                add_event(session, job, "displaced", job.reason, slurm_job_ids=live)
 
     def _supersede(self, move: Move, note: str) -> None:
         """Cancel a pending job's Slurm parts and put it back in the store's queue, in that order: a crash in

@@ -3,6 +3,7 @@ Slurm client, store, site profile), error-to-exit-code mapping, and output helpe
 
 from __future__ import annotations
 
+import errno
 import grp
 import importlib.util
 import json
@@ -145,6 +146,10 @@ class PlanningCluster:
     note: str
 
 
+#: What a file system says when it cannot take a write: read-only, full, over quota, not ours.
+_UNWRITABLE = frozenset({errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM})
+
+
 class SlurmhetGroup(click.Group):
     """Turns slurmhet's errors into one line on stderr and the right exit code."""
 
@@ -159,6 +164,14 @@ class SlurmhetGroup(click.Group):
             kind = "error" if isinstance(exc, InputError) else "failure"
             err_console.print(f"slurmhet: {kind}: {exc}", markup=False, highlight=False, soft_wrap=True)
             sys.exit(exc.exit_code)
+        except OSError as exc:
+            if exc.errno not in _UNWRITABLE or not exc.filename:
+                raise
+            # A read-only or full state directory (or log/checkpoint directory): the path, not a traceback.
+            err_console.print(f"slurmhet: failure: cannot write {exc.filename}: {exc.strerror} (free space there, or "
+                              "make it writable; every write is write-then-rename, so what was there is intact)",
+                              markup=False, highlight=False, soft_wrap=True)
+            sys.exit(1)
 
 
 @click.group(cls=SlurmhetGroup)

@@ -124,20 +124,35 @@ def read_progress(directory: str | Path) -> list[ProgressRecord]:
     return sorted(records, key=lambda r: (r.job_id, r.slurm_job_id, r.rank))
 
 
+def _consolidation(record: ProgressRecord) -> bool:
+    """The record ``slurmhet consolidate`` writes for a round: the job's step count in the averaged model."""
+    return record.gpu_type is None and not record.node and record.state == "done" \
+        and record.start_steps == record.steps_done
+
+
 def job_steps(records: Iterable[ProgressRecord]) -> dict[str, int]:
     """Cumulative steps per slurmhet job.
 
     A run (one Slurm job) counts once, at its furthest rank. Runs that started
     from the same point are forked copies of one round; their increments add up
-    on top of that start. The job's progress is the best such total.
+    on top of that start. The job's progress is the best such total, counting only
+    runs from its latest consolidation on: the averaged model holds what the round's
+    copies saved, not the steps a copy made after its last checkpoint before its
+    node died (those are lost, and trained again).
     """
     runs: dict[tuple[str, str], ProgressRecord] = {}
     for r in records:
         key = (r.job_id, r.slurm_job_id)
         if key not in runs or r.steps_done > runs[key].steps_done:
             runs[key] = r
+    consolidated: dict[str, int] = {}
+    for r in runs.values():
+        if _consolidation(r):
+            consolidated[r.job_id] = max(consolidated.get(r.job_id, 0), r.steps_done)
     totals: dict[tuple[str, int], int] = {}
     for r in runs.values():
+        if r.start_steps < consolidated.get(r.job_id, 0):
+            continue  # a round already averaged into the consolidation
         key = (r.job_id, r.start_steps)
         totals[key] = totals.get(key, r.start_steps) + max(0, r.steps_done - r.start_steps)
     best: dict[str, int] = {}

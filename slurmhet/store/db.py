@@ -111,6 +111,20 @@ def _one_line(exc: BaseException | None) -> str:
     return " ".join(str(exc).split())
 
 
+#: SQLite's words for a database file it cannot write: a read-only or full file system.
+_SQLITE_UNWRITABLE = ("readonly database", "disk is full", "unable to open database file", "disk I/O error")
+
+
+def _cause(engine: Engine | None, exc: BaseException | None) -> str:
+    """The driver's message, and for SQLite that cannot write, the directory to look at."""
+    text = _one_line(exc)
+    path = engine.url.database if engine is not None and engine.dialect.name == "sqlite" else None
+    if path and path != ":memory:" and any(words in text for words in _SQLITE_UNWRITABLE):
+        text += (f" (the store's directory {Path(path).parent} is read-only or full: free space there, or set "
+                 "SLURMHET_STATE_DIR to a writable directory; the store itself is unchanged)")
+    return text
+
+
 class Database:
     """An opened, migrated database; ``transaction()`` gives the one session a command uses."""
 
@@ -123,7 +137,8 @@ class Database:
                 #: This store's instance id (migration 0002): the ``@tag`` of its Slurm comments.
                 self.instance = str(conn.execute(text("SELECT value FROM store_meta WHERE key = 'instance'")).scalar())
         except OperationalError as exc:
-            raise SystemFailure(f"cannot open the slurmhet database {self.safe_url}: {_one_line(exc.orig)}") from exc
+            raise SystemFailure(f"cannot open the slurmhet database {self.safe_url}: "
+                                f"{_cause(getattr(self, 'engine', None), exc.orig)}") from exc
         except SQLAlchemyError as exc:
             raise SystemFailure(f"database error on {self.safe_url}: {_one_line(exc)}") from exc
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
@@ -141,7 +156,7 @@ class Database:
             with session.begin():
                 yield session
         except OperationalError as exc:
-            raise SystemFailure(f"database error on {self.safe_url}: {_one_line(exc.orig)}") from exc
+            raise SystemFailure(f"database error on {self.safe_url}: {_cause(self.engine, exc.orig)}") from exc
         finally:
             session.close()
 
@@ -154,7 +169,7 @@ class Database:
             if session.new or session.dirty or session.deleted:
                 raise RuntimeError("a snapshot() session changed rows; use transaction()")
         except OperationalError as exc:
-            raise SystemFailure(f"database error on {self.safe_url}: {_one_line(exc.orig)}") from exc
+            raise SystemFailure(f"database error on {self.safe_url}: {_cause(self.engine, exc.orig)}") from exc
         finally:
             session.close()
 

@@ -44,6 +44,21 @@ def test_job_steps_counts_ranks_once_and_adds_forked_copies() -> None:
     assert job_steps(records) == {"gang": 70, "fork": 33}
 
 
+def test_job_steps_after_a_consolidation_count_what_it_averaged_not_a_lost_copys_steps() -> None:
+    """Round 1 started at 20; copy 201's node died at step 35 with its checkpoint at 30; the consolidation
+    averaged 25 (copy 200) and 30: 20 + 5 + 10 = 35, not the 40 the progress records add up to."""
+    consolidation = ProgressRecord(job_id="fork", slurm_job_id="202", rank=0, gpu_type=None, node="", steps_done=35,
+                                   samples_done=0, samples_per_second=0.0, epoch=0, updated_at=2.0, emulated=False,
+                                   state="done", start_steps=35, exit_code=0)
+    records = [_record("fork", "150", 0, 20), _record("fork", "200", 0, 25, start=20),
+               _record("fork", "201", 0, 35, start=20), consolidation]
+    assert job_steps(records[:3]) == {"fork": 40}  # before the consolidation: the copies' own counts
+    assert job_steps(records) == {"fork": 35}
+    # The next round's copies count on top of the consolidation.
+    assert job_steps([*records, _record("fork", "300", 0, 41, start=35), _record("fork", "301", 0, 38, start=35)]) \
+        == {"fork": 44}
+
+
 def test_reporter_throttles_but_always_writes_state_changes(tmp_path: Path) -> None:
     path = tmp_path / "p.json"
     reporter = ProgressReporter(path, _record("5", "900", 0, 0), interval_s=3600)

@@ -1,0 +1,140 @@
+"""Runs Slurm requeued under their own id (preempted, a node failed): squeue's restart count is read, a requeue
+becomes an event and a restart in status and report, the requeue hold is released, and the move rule may judge
+the job (store rules and pure functions, no Slurm)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+from sqlalchemy import select
+
+from slurmhet.replan import REQUEUE_HOLD, displaced, requeue_held, requeued, stranded_copies, waiting_in_slurm
+from slurmhet.cluster import Inventory, Node
+from slurmhet.slurm.parsers import QueueRecord, parse_squeue_json
+from slurmhet.spec import load_text
+from slurmhet.store import Database, Job, JobState, SlurmJob, create_job
+from slurmhet.store.models import Event
+from slurmhet.sync import SlurmView, restarts, sync_jobs
+
+SPEC = load_text("name: a\ncommand: [x]\nworkload: {model: m, batch_size: 2}\nwork: {steps: 3}\n", "f.yaml")[0]
+T0 = datetime(2026, 11, 26, 5, tzinfo=timezone.utc)
+
+
+def _job(session: object, state: JobState, *parts: SlurmJob, started: bool = True) -> Job:
+    job = create_job(session, SPEC, "alice", "f.yaml")  # type: ignore[arg-type]
+    job.state, job.started_at = state, T0 if started else None
+    job.plan = {"slots": [["nodec", "k80", 1]]}
+    job.slurm_jobs += list(parts)
+    return job
+
+
+def _queued(state: str, reason: str, restarts: int, job_id: str = "70") -> QueueRecord:
+    return QueueRecord(job_id, None, None, None, None, "j", state, reason, "", "alice", "", restarts=restarts)
+
+
+def test_squeue_json_restart_count_is_read() -> None:
+    text = json.dumps({"jobs": [{"job_id": 70, "job_state": ["PENDING"], "state_reason": "BeginTime",
+                                 "restart_cnt": 2, "name": "j", "user_name": "alice"},
+                                {"job_id": 71, "job_state": "RUNNING", "name": "k", "user_name": "bob"}]})
+    assert [(r.job_id, r.reason, r.restarts) for r in parse_squeue_json(text)] == [("70", "BeginTime", 2), ("71", "", 0)]
+
+
+def test_a_requeue_is_an_event_and_a_restart_once(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    with db.transaction() as session:
+        job = _job(session, JobState.RUNNING, SlurmJob(slurm_job_id="70", role="batch", state="RUNNING",
+                                                       nodes="nodec", started_at=T0))
+        session.flush()
+        assert restarts(job) == 0
+        view = SlurmView(queue=(_queued("PENDING", REQUEUE_HOLD, 1),))
+        sync_jobs(session, [job], view)
+        sync_jobs(session, [job], view)  # seen again: the same requeue, not a second one
+        assert job.state is JobState.SUBMITTED and restarts(job) == 1 and requeued(job)
+        (event,) = session.scalars(select(Event).where(Event.kind == "requeued")).all()
+        assert event.message.startswith("Slurm requeued 70 after it ran on nodec (restart 1")
+        assert requeue_held(job) == ("70",)  # held by Slurm: replan releases it
+        sync_jobs(session, [job], SlurmView(queue=(_queued("RUNNING", "None", 1),)))
+        assert job.state is JobState.RUNNING and requeue_held(job) == () and restarts(job) == 1
+
+
+def test_restarts_count_requeues_and_retried_runs_not_moves_or_het_components(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    with db.transaction() as session:
+        job = _job(session, JobState.RUNNING,
+                   SlurmJob(slurm_job_id="60", role="superseded", state="CANCELLED"),  # moved before it started
+                   SlurmJob(slurm_job_id="61", role="retried", state="FAILED", restarts=1),  # preempted, then failed
+                   SlurmJob(slurm_job_id="62", role="het", het_offset=0, state="RUNNING", restarts=2),
+                   SlurmJob(slurm_job_id="62", role="het", het_offset=1, state="RUNNING", restarts=2))
+        session.flush()
+        assert restarts(job) == 1 + 1 + 2
+
+
+def test_a_requeued_job_may_be_moved_and_one_on_a_dead_node_is_displaced(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    inventory = Inventory((Node("nodeb", {"t4": 4}), Node("nodec", {"k80": 2}, state="DRAINED")))
+    with db.transaction() as session:
+        again = _job(session, JobState.SUBMITTED, SlurmJob(slurm_job_id="70", role="batch", state="PENDING",
+                                                           reason=REQUEUE_HOLD, started_at=T0, restarts=1))
+        running = _job(session, JobState.RUNNING, SlurmJob(slurm_job_id="71", role="batch", state="RUNNING",
+                                                           started_at=T0))
+        fresh = _job(session, JobState.SUBMITTED, SlurmJob(slurm_job_id="72", role="batch", state="PENDING",
+                                                           reason="Resources"), started=False)
+        session.flush()
+        wait = waiting_in_slurm(again)
+        assert wait is not None and wait.requeued and wait.reason == REQUEUE_HOLD and wait.types == ("k80",)
+        assert waiting_in_slurm(running) is None
+        assert (w := waiting_in_slurm(fresh)) is not None and not w.requeued
+        assert displaced(again, inventory) == ("nodec",) and displaced(running, inventory) == ()
+        pack = _job(session, JobState.SUBMITTED, SlurmJob(slurm_job_id="73", role="pack", state="PENDING",
+                                                          reason=REQUEUE_HOLD, started_at=T0, restarts=1))
+        assert waiting_in_slurm(pack) is None and requeue_held(pack) == ("73",)  # not moved, still released
+
+
+def test_a_forked_copy_pending_on_a_dead_node_is_stranded_the_others_are_not(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    inventory = Inventory((Node("nodea", {"v100": 4}), Node("nodec", {"k80": 2}, state="DOWN+DRAIN")))
+    with db.transaction() as session:
+        job = _job(session, JobState.RUNNING,
+                   SlurmJob(slurm_job_id="80", role="array", array_task=0, round=1, nodes="nodea", state="RUNNING"),
+                   SlurmJob(slurm_job_id="81", role="array", array_task=1, round=1, nodes="nodec", state="PENDING",
+                            reason=REQUEUE_HOLD, restarts=1, started_at=T0),
+                   SlurmJob(slurm_job_id="82", role="consolidation", round=1, state="PENDING", reason="Dependency"))
+        session.flush()
+        assert [(p.slurm_job_id, nodes) for p, nodes in stranded_copies(job, inventory)] == [("81", ("nodec",))]
+        job.slurm_jobs[1].nodes = ""  # not pinned: Slurm may start it on any node of its type
+        assert stranded_copies(job, inventory) == []
+
+
+class _Cancels:
+    """The one Slurm call displacement makes, recorded."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def cancel(self, job_ids: list[str]) -> None:
+        self.calls.append(list(job_ids))
+
+
+def test_an_mps_pack_requeued_onto_a_drained_node_is_cancelled_once_and_each_member_replanned(tmp_path: Path) -> None:
+    from slurmhet.replan import ReplanResult, Replanner
+
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    inventory = Inventory((Node("nodeb", {"t4": 4}), Node("nodec", {"k80": 2}, state="DRAINED")))
+    client = _Cancels()
+    replanner = Replanner(db, client, None, None, None, "alice")  # type: ignore[arg-type]
+    result = ReplanResult()
+    with db.transaction() as session:
+        members = [_job(session, JobState.SUBMITTED, SlurmJob(slurm_job_id="90", role="pack", state="PENDING",
+                                                              reason=REQUEUE_HOLD, nodes="nodec", started_at=T0,
+                                                              restarts=1)) for _ in range(2)]
+        session.flush()
+        replanner._displace(session, members, inventory, False, result)
+        assert client.calls == [["90"]]  # one Slurm job for both members, cancelled once
+        assert [m.state for m in members] == [JobState.PENDING, JobState.PENDING]
+        assert all(p.role == "superseded" for m in members for p in m.slurm_jobs)
+        assert [e for e in result.events if e.startswith("node nodec failed under job")] == [
+            f"node nodec failed under job {m.id} (a); Slurm requeued it there: re-planned now, resumes from its "
+            "checkpoint" for m in members]
+        assert restarts(members[0]) == 1
