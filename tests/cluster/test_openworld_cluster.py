@@ -234,6 +234,7 @@ def test_a_partition_the_account_may_not_use_is_never_planned_onto(tmp_path: Pat
         # k80 only in partitions root's accounts may not use: out of reach.
         _scontrol("update", "PartitionName=k80", "AllowAccounts=slurmhet-nobody")
         _scontrol("update", "PartitionName=gpu", "Nodes=nodea,nodeb")
+        _scontrol("update", "PartitionName=urgent", "Nodes=nodea,nodeb")  # the preempting one holds every node
         only_k80 = write(tmp_path / "k.yaml", job("k80-only", ["sleep", "1"], "{min: 1, max: 1, types: [k80]}"))
         proc = cli("submit", "--json", str(only_k80), state=state_dir, check=False)
         assert proc.returncode == 2 and "none of its GPU types (k80) is in a partition you may use" in proc.stderr
@@ -244,6 +245,7 @@ def test_a_partition_the_account_may_not_use_is_never_planned_onto(tmp_path: Pat
         assert record.partition == "t4"
     finally:
         subprocess.run(["scontrol", "update", "PartitionName=gpu", "Nodes=nodea,nodeb,nodec"], timeout=30)
+        subprocess.run(["scontrol", "update", "PartitionName=urgent", "Nodes=nodea,nodeb,nodec"], timeout=30)
         subprocess.run(["scontrol", "update", "PartitionName=k80", "AllowAccounts=ALL"], timeout=30)
         subprocess.run(["scontrol", "delete", f"PartitionName={private}"], capture_output=True, timeout=30)
 

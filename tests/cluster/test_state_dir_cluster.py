@@ -55,19 +55,19 @@ def test_a_full_state_directory_fails_with_its_path_and_keeps_the_store(tmp_path
     [a] = json.loads(cli("submit", "--json", str(first), state=small_state).stdout)["jobs"]
     leftovers.extend(a["slurm_job_ids"])
     filler = small_state / "filler"
-    with open(filler, "wb") as out:  # fill the file system to the last block
-        try:
-            while True:
-                out.write(b"\0" * 65536)
-                out.flush()
-        except OSError:
-            pass
-    second = write(tmp_path / "b.yaml", job("after", ["sleep", "30"], "{min: 1, max: 1, types: [t4]}"))
-    line = _one_line_failure(cli("submit", str(second), state=small_state, check=False), small_state)
-    assert "No space left on device" in line or "disk is full" in line, line
-    _one_line_failure(cli("replan", "--once", state=small_state, check=False), small_state)
-
-    filler.unlink()
+    try:
+        with open(filler, "wb", buffering=0) as out:  # fill the file system to the last block
+            try:
+                while True:
+                    out.write(b"\0" * 65536)
+            except OSError:
+                pass
+        second = write(tmp_path / "b.yaml", job("after", ["sleep", "30"], "{min: 1, max: 1, types: [t4]}"))
+        for args in (("submit", str(second)), ("replan", "--once"), ("status",)):
+            line = _one_line_failure(cli(*args, state=small_state, check=False), small_state)
+            assert "read-only or full" in line or "No space left on device" in line, line
+    finally:
+        filler.unlink()
     _intact(small_state)
     rows = status(small_state)
     assert rows[a["job_id"]]["name"] == "before" and rows[a["job_id"]]["slurm"][0]["id"] == a["slurm_job_ids"][0]
@@ -81,14 +81,16 @@ def test_a_read_only_state_directory_fails_with_its_path_and_keeps_the_store(tmp
     first = write(tmp_path / "a.yaml", job("before", ["sleep", "30"], "{min: 1, max: 1, types: [t4]}"))
     [a] = json.loads(cli("submit", "--json", str(first), state=small_state).stdout)["jobs"]
     leftovers.extend(a["slurm_job_ids"])
-    subprocess.run(["mount", "-o", "remount,ro", str(small_state)], check=True, timeout=30)
+    # A read-only bind mount over it: the running job keeps writing its log through the mount below.
+    subprocess.run(["mount", "--bind", str(small_state), str(small_state)], check=True, timeout=30)
+    subprocess.run(["mount", "-o", "remount,bind,ro", str(small_state)], check=True, timeout=30)
     try:
         second = write(tmp_path / "b.yaml", job("after", ["sleep", "30"], "{min: 1, max: 1, types: [t4]}"))
         for args in (("submit", str(second)), ("replan", "--once"), ("status",)):
             line = _one_line_failure(cli(*args, state=small_state, check=False), small_state)
             assert "read-only" in line.lower() or "readonly" in line.lower(), line
     finally:
-        subprocess.run(["mount", "-o", "remount,rw", str(small_state)], check=True, timeout=30)
+        subprocess.run(["umount", str(small_state)], check=True, timeout=30)
     assert set(live_tagged(store_tag(small_state))) <= set(a["slurm_job_ids"])  # "after" never reached Slurm
     _intact(small_state)
     rows = status(small_state)
