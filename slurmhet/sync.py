@@ -204,8 +204,11 @@ def sync_jobs(session: Session, jobs: list[Job], view: SlurmView) -> int:
         if job.state.final or job.state in (JobState.PENDING, JobState.SUBMIT_FAILED):
             continue
         new = job_state_from_parts(job.slurm_jobs)
-        if new is JobState.COMPLETED and forked_round(job) is not None:
-            new = None  # a forked round ended: only the replanner's Job Tracker knows if steps are left
+        round_part = forked_round(job)
+        if round_part is not None and new is not None and new.final:
+            # A forked round ends with its consolidation, which leaves out copies that failed or were cut off
+            # with their node. Consolidated: only the replanner's Job Tracker knows if steps are left.
+            new = None if round_part.state == "COMPLETED" else job_state_from_parts([round_part])
         if new is JobState.FAILED and settle_failure(session, job):
             changed += 1
             continue

@@ -101,7 +101,8 @@ def test_a_node_failing_under_a_het_job_restarts_it_whole_from_its_checkpoint(tm
     resumed = [line for line in log.splitlines() if "resuming from" in line]
     assert resumed, log
     at = int(resumed[-1].rsplit("at step ", 1)[1].split()[0].rstrip(":,."))
-    assert at % EVERY == 0 and seen - EVERY <= at < STEPS, (seen, at)
+    # The last checkpoint: a periodic one, or the one written on the kill signal the node's jobs got.
+    assert seen - EVERY <= at < STEPS, (seen, at)
     assert row["restarts"] == 1, row
     report = json.loads(cli("report", "--json", state=state_dir).stdout)
     (line,) = [j for j in report["jobs"] if j["id"] == job_id]

@@ -138,3 +138,21 @@ def test_an_mps_pack_requeued_onto_a_drained_node_is_cancelled_once_and_each_mem
             f"node nodec failed under job {m.id} (a); Slurm requeued it there: re-planned now, resumes from its "
             "checkpoint" for m in members]
         assert restarts(members[0]) == 1
+
+
+def test_a_forked_round_is_judged_by_its_consolidation_not_by_a_copy_cut_off(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    with db.transaction() as session:
+        def round_with(consolidation: str) -> Job:
+            return _job(session, JobState.RUNNING,
+                        SlurmJob(slurm_job_id="80", role="array", array_task=0, state="COMPLETED"),
+                        SlurmJob(slurm_job_id="80", role="array", array_task=1, state="CANCELLED", restarts=1),
+                        SlurmJob(slurm_job_id="80", role="array", array_task=2, state="FAILED", reason="NODE_FAIL"),
+                        SlurmJob(slurm_job_id="81", role="consolidation", state=consolidation))
+        averaged, failed, waiting = round_with("COMPLETED"), round_with("FAILED"), round_with("PENDING")
+        session.flush()
+        sync_jobs(session, [averaged, failed, waiting], SlurmView())
+        # Consolidated without the two copies: the Job Tracker (replan) decides on the next round.
+        assert averaged.state is JobState.RUNNING
+        assert failed.state is JobState.FAILED  # no copy left a checkpoint
+        assert waiting.state is JobState.SUBMITTED
