@@ -765,7 +765,8 @@ def per_node_fit(spec: JobSpec, cpus: int, memory_mb: int) -> int:
 
 
 def check_against_cluster(spec: JobSpec, inventory: Inventory) -> None:
-    """Refuse GPU types the cluster lacks and requests larger than the cluster."""
+    """Refuse GPU types the cluster lacks and requests larger than the cluster. ``inventory`` is every node,
+    drained and down ones too: a node out for repair makes a job wait, not its spec wrong."""
     have = inventory.gpus_by_type()
     unknown = [t for t in spec.gpus.types if t not in have]
     if unknown:

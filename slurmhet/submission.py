@@ -541,7 +541,7 @@ def submit_new(db: Database | None, dispatcher_args: tuple[SlurmClient, SiteProf
     """
     client, profile, settings, runner = dispatcher_args
     for spec, _ in specs:
-        check_against_cluster(spec, inventory.usable())
+        check_against_cluster(spec, inventory)
         if spec.container:
             container_runtime_for(spec, profile)
     table = live_table(settings, db) if db is not None else site_table(settings)

@@ -57,7 +57,7 @@ def pg_url() -> str:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if "tests/cluster/" in str(item.fspath).replace(os.sep, "/"):
+        if any(d in str(item.fspath).replace(os.sep, "/") for d in ("tests/cluster/", "tests/chaos/")):
             item.add_marker(pytest.mark.cluster)
 
 

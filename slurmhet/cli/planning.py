@@ -119,7 +119,7 @@ def submit(obj: Context, files: tuple[str, ...], dry_run: bool, cluster_spec: st
         if not as_json:
             err_console.print(f"slurmhet: note: {where.note}", markup=False, highlight=False, soft_wrap=True)
         for spec, _ in specs:
-            specmod.check_against_cluster(spec, where.inventory.usable())
+            specmod.check_against_cluster(spec, where.inventory)
         outcomes = dry_run_outcomes(specs, [], where.inventory, obj.planning_table(live=False), where.profile,
                                     obj.settings, time.time(), current_user())
     else:
@@ -255,7 +255,7 @@ def plan(obj: Context, files: tuple[str, ...], policy: str | None, cluster_spec:
     where = obj.planning_cluster(cluster_spec, gpus_per_node)
     inventory = where.inventory
     for spec, _ in specs:
-        specmod.check_against_cluster(spec, inventory.usable())
+        specmod.check_against_cluster(spec, inventory)
     now = time.time()
     shared = None
     if where.source == "slurm":

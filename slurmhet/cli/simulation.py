@@ -133,6 +133,18 @@ def bench_emit(as_json: bool, jobs: int) -> None:
     _emit_json(emit.run(jobs))
 
 
+@bench.command("chaos")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object (the default output is JSON too)")
+@click.option("--minutes", type=click.FloatRange(min=1), default=5.0, show_default=True,
+              help="the run's length; faults during its first 70 %%, then the workload finishes")
+@click.option("--seed", type=int, default=1, show_default=True, help="the workload's and the fault injector's seed")
+def bench_chaos(as_json: bool, minutes: float, seed: int) -> None:
+    """Faults injected into a mixed workload on the dev cluster; the invariants held (root, pgcluster up)."""
+    from bench import chaos
+
+    _emit_json(chaos.run(minutes, seed))
+
+
 @bench.command("realcluster")
 @click.option("--json", "as_json", is_flag=True, help="one JSON object (the default output is JSON too)")
 @click.option("--scale", type=click.FloatRange(min=0, min_open=True), default=1.0, show_default=True,

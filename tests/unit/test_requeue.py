@@ -156,3 +156,15 @@ def test_a_forked_round_is_judged_by_its_consolidation_not_by_a_copy_cut_off(tmp
         assert averaged.state is JobState.RUNNING
         assert failed.state is JobState.FAILED  # no copy left a checkpoint
         assert waiting.state is JobState.SUBMITTED
+
+
+def test_a_type_whose_only_node_is_drained_is_a_wait_not_a_bad_spec() -> None:
+    from slurmhet.spec import check_against_cluster
+    from slurmhet.submission import Candidate, unplaceable
+
+    spec = load_text("name: t\ncommand: [x]\nworkload: {model: m, batch_size: 2}\nwork: {steps: 3}\n"
+                     "gpus: {min: 1, max: 1, types: [t4]}\n", "t.yaml")[0]
+    inventory = Inventory((Node("nodea", {"v100": 4}), Node("nodeb", {"t4": 4}, state="DOWN+DRAIN")))
+    check_against_cluster(spec, inventory)  # nodeb is out for repair: the spec is still right
+    waits = unplaceable([Candidate(job_id=1, spec=spec, submitted_at=0.0)], inventory)
+    assert waits == {1: "waits: its GPU types (t4) have 0 usable GPU(s) now and it needs 1"}
