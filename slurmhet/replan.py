@@ -23,6 +23,8 @@ from slurmhet.config import Settings
 from slurmhet.planner import Allocation
 from slurmhet.runtime.progress import ProgressRecord, job_steps, read_progress
 from slurmhet.slurm.client import SlurmClient
+from slurmhet.slurm.limits import PartitionRecord
+from slurmhet.slurm.parsers import QueueRecord
 from slurmhet.slurm.profile import SiteProfile
 from slurmhet.slurm.runner import SlurmRunner
 from slurmhet.spec import parse_job
@@ -178,6 +180,17 @@ def requeue_held(job: Job) -> tuple[str, ...]:
     The hold only delays the restart from its checkpoint: released, the job starts as soon as Slurm can place it."""
     parts = [p for p in job.slurm_jobs if p.current and p.state == "PENDING"]
     return tuple(sorted({p.target for p in parts if p.restarts and p.reason == REQUEUE_HOLD}))
+
+
+def outranked(targets: Sequence[str], queue: Sequence[QueueRecord], partitions: Sequence[PartitionRecord]) -> bool:
+    """Whether a pending job of a partition with a higher PriorityTier than the targets' shares their nodes:
+    the job that preempted them, which Slurm's requeue hold lets start first."""
+    tier = {p.name: p.priority_tier for p in partitions}
+    nodes = {p.name: set(p.nodes) for p in partitions}
+    ids = {t.split("_")[0] for t in targets}
+    mine = [r for r in queue if r.root_id in ids]
+    return any(r.state == "PENDING" and r.root_id not in ids and tier.get(r.partition, 1) > tier.get(m.partition, 1)
+               and nodes.get(r.partition, set()) & nodes.get(m.partition, set()) for m in mine for r in queue)
 
 
 @dataclass(frozen=True)
@@ -367,7 +380,8 @@ class Replanner:
                           for c in (self._candidate(j, steps) for j in live_jobs)]
             retry_capped = {j.id for j in mine if j.state is JobState.SUBMIT_FAILED and j.attempts >= MAX_SUBMIT_ATTEMPTS}
         candidates = [c for c in candidates if c is not None]
-        if not candidates:
+        if not candidates:  # a job whose steps are all done may still be held (preempted as it ended)
+            self._release_holds(mine, queue, dry_run, result)
             return result
         shared = read_shared(self.client, queue, self.db.instance, self.owner, now,
                              [c.spec for c in candidates if c.current is None])
@@ -382,13 +396,7 @@ class Replanner:
             result.actions.append(f"cancel Slurm job(s) {','.join(move.slurm_job_ids)} of job {move.job_id}: {note}")
             if not dry_run:
                 self._supersede(move, note)
-        for job in mine:
-            held = requeue_held(job) if job.id not in moved and not job.state.final else ()
-            if held:
-                result.actions.append(f"release Slurm's requeue hold on {','.join(held)} of job {job.id}: it "
-                                      "resumes from its checkpoint as soon as Slurm can start it")
-                if not dry_run:
-                    self.client.release_requeue_hold(list(held))
+        self._release_holds([j for j in mine if j.id not in moved], queue, dry_run, result)
         # A moved job is planned afresh, kept off the types it waited for (this run's verdict stands).
         candidates = [replace(c, current=None) if c.job_id in moved else c for c in candidates]
         plan = plan_for(candidates, inventory, table, self.settings.default_policy, now, shared=shared, only=moved,
@@ -466,6 +474,22 @@ class Replanner:
                         part.role, part.state = "superseded", "CANCELLED"
                 job.state, job.reason = JobState.PENDING, f"re-planned: {why}"
                 add_event(session, job, "displaced", job.reason, slurm_job_ids=live)
+
+    def _release_holds(self, jobs: Sequence[Job], queue: Sequence[QueueRecord], dry_run: bool,
+                       result: ReplanResult) -> None:
+        """Release Slurm's requeue hold on the jobs it holds, unless a job of a higher partition tier waits
+        for those nodes (it preempted this one: the hold lets it start first)."""
+        held = {job.id: targets for job in jobs if not job.state.final and (targets := requeue_held(job))}
+        if not held:
+            return
+        partitions = self.client.partitions()
+        for job_id, targets in held.items():
+            if outranked(targets, queue, partitions):
+                continue
+            result.actions.append(f"release Slurm's requeue hold on {','.join(targets)} of job {job_id}: it "
+                                  "resumes from its checkpoint as soon as Slurm can start it")
+            if not dry_run:
+                self.client.release_requeue_hold(list(targets))
 
     def _supersede(self, move: Move, note: str) -> None:
         """Cancel a pending job's Slurm parts and put it back in the store's queue, in that order: a crash in

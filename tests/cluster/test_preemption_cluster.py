@@ -79,9 +79,11 @@ def test_a_preempted_job_checkpoints_is_requeued_and_resumes_from_its_checkpoint
 
     assert row["state"] == "COMPLETED", row
     assert [p["id"] for p in row["slurm"]] == [slurm_id], row  # requeued under its own id: never resubmitted
-    assert row["restarts"] == 1, row
     history = _history(slurm_id)
-    assert history[0] in ("PREEMPTED", "REQUEUED") and history[-1] == "COMPLETED" and len(history) == 2, history
+    # 24.11 and 26.05 requeue a job that requeued itself on the preemption signal once more when its next run
+    # ends (the preemption's own requeue, applied late): a third run that resumes at the end and exits at once.
+    assert history[0] in ("PREEMPTED", "REQUEUED") and history[-1] == "COMPLETED" and len(history) in (2, 3), history
+    assert row["restarts"] == len(history) - 1, (row, history)
     assert any(a.startswith(f"release Slurm's requeue hold on {slurm_id} of job {job_id}") for a in actions), actions
 
     log = cli("logs", str(job_id), state=state_dir).stdout
@@ -93,13 +95,13 @@ def test_a_preempted_job_checkpoints_is_requeued_and_resumes_from_its_checkpoint
     # The second run starts where the checkpoint written on the signal left off: nothing trained twice, nothing lost.
     assert f"resuming from {ckpt / 'checkpoint.pt'} at step {at}" in log + errors, (log, errors)
     summaries = [json.loads(line) for line in log.splitlines() if line.startswith("{") and '"start_steps"' in line]
-    assert [(s["start_steps"], s["steps"], s["state"]) for s in summaries] == [(0, at, "preempted"),
-                                                                                (at, STEPS, "done")], summaries
+    assert [(s["start_steps"], s["steps"], s["state"]) for s in summaries] == [
+        (0, at, "preempted"), (at, STEPS, "done"), (STEPS, STEPS, "done")][:len(history)], summaries
 
     detail = json.loads(cli("status", str(job_id), "--json", state=state_dir).stdout)
-    assert detail["restarts"] == 1
+    assert detail["restarts"] == len(history) - 1
     requeued = [e["message"] for e in detail["events"] if e["kind"] == "requeued"]
-    assert len(requeued) == 1 and requeued[0].startswith(f"Slurm requeued {slurm_id}") and "(restart 1" in requeued[0]
+    assert requeued and requeued[0].startswith(f"Slurm requeued {slurm_id}") and "(restart 1" in requeued[0]
     report = json.loads(cli("report", "--json", state=state_dir).stdout)
     (line,) = [j for j in report["jobs"] if j["id"] == job_id]
-    assert (line["state"], line["restarts"]) == ("COMPLETED", 1), line
+    assert (line["state"], line["restarts"]) == ("COMPLETED", len(history) - 1), line

@@ -168,3 +168,22 @@ def test_a_type_whose_only_node_is_drained_is_a_wait_not_a_bad_spec() -> None:
     check_against_cluster(spec, inventory)  # nodeb is out for repair: the spec is still right
     waits = unplaceable([Candidate(job_id=1, spec=spec, submitted_at=0.0)], inventory)
     assert waits == {1: "waits: its GPU types (t4) have 0 usable GPU(s) now and it needs 1"}
+
+
+def test_a_hold_is_kept_while_the_job_that_preempted_it_waits_for_its_nodes() -> None:
+    from slurmhet.replan import outranked
+    from slurmhet.slurm.limits import PartitionRecord
+
+    def partition(name: str, nodes: tuple[str, ...], tier: int) -> PartitionRecord:
+        return PartitionRecord(name, nodes, "UP", False, None, None, (), None, None, (), tier, False)
+
+    partitions = [partition("k80", ("nodec",), 1), partition("t4", ("nodeb",), 1),
+                  partition("urgent", ("nodea", "nodeb", "nodec"), 10)]
+
+    def queued(job_id: str, partition_name: str, state: str) -> QueueRecord:
+        return QueueRecord(job_id, None, None, None, None, "j", state, "", "", "u", "", partition=partition_name)
+
+    mine = queued("70", "k80", "PENDING")
+    assert outranked(["70"], [mine, queued("80", "urgent", "PENDING")], partitions)  # the preemptor waits
+    assert not outranked(["70"], [mine, queued("80", "urgent", "RUNNING")], partitions)  # it started: release
+    assert not outranked(["70"], [mine, queued("81", "t4", "PENDING")], partitions)  # same tier: Slurm's order
