@@ -40,7 +40,7 @@ import textwrap
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -100,7 +100,26 @@ def fault_schedule(seed: int, minutes: float) -> list[Fault]:
     return out
 
 
-def workload(seed: int, minutes: float, checkpoint_root: Path, python: str = sys.executable) -> list[WorkloadJob]:
+def _job(name: str, steps: int, gpus: str, checkpoint_root: Path, time_limit: int, extra: str = "",
+         python: str = sys.executable) -> WorkloadJob:
+    """One job of examples/train.py that checkpoints every CHECKPOINT_EVERY steps into its own directory."""
+    command = [python, str(TRAIN), "--steps", str(steps), "--global-batch", "64", "--dataset-size", "1024",
+               "--checkpoint-every", str(CHECKPOINT_EVERY)]
+    spec = textwrap.dedent(f"""\
+        name: {name}
+        command: {json.dumps(command)}
+        workload: {{model: mlp-small, batch_size: 64}}
+        global_batch: 64
+        model_size_mb: 0.01
+        work: {{steps: {steps}}}
+        gpus: {gpus}
+        checkpoint_dir: {json.dumps(str(checkpoint_root / name))}
+        time_limit: {time_limit}
+        """) + extra
+    return WorkloadJob(name, 0.0, spec, CHECKPOINT_EVERY)
+
+
+def workload(seed: int, minutes: float, checkpoint_root: Path) -> list[WorkloadJob]:
     """A mixed workload that an undisturbed dev cluster finishes in about a third of the run."""
     rng = random.Random(seed + 1)
     scale = max(1.0, minutes / 5)  # a longer run: more jobs, not longer ones
@@ -109,45 +128,19 @@ def workload(seed: int, minutes: float, checkpoint_root: Path, python: str = sys
     rng.shuffle(kinds)
     jobs = []
     for i, kind in enumerate(kinds):
-        name = f"chaos-{i:02d}-{kind}"
         steps = {"single": 240, "het": 160, "forked": 1600, "colocate": 160}[kind]
         gpus = {"single": f"{{min: 1, max: 2, types: [{rng.choice(['v100', 't4', 'k80'])}, t4]}}",
                 "het": "{min: 6, max: 6, types: [v100, t4, k80]}", "forked": "{min: 1, max: 1}",
                 "colocate": "{min: 1, max: 1}"}[kind]
         extra = {"forked": "sync: local-sgd\n", "colocate": "colocate: true\n"}.get(kind, "")
-        command = [python, str(TRAIN), "--steps", str(steps), "--global-batch", "64", "--dataset-size", "1024",
-                   "--checkpoint-every", str(CHECKPOINT_EVERY)]
-        spec = textwrap.dedent(f"""\
-            name: {name}
-            command: {json.dumps(command)}
-            workload: {{model: mlp-small, batch_size: 64}}
-            global_batch: 64
-            model_size_mb: 0.01
-            work: {{steps: {steps}}}
-            gpus: {gpus}
-            checkpoint_dir: {json.dumps(str(checkpoint_root / name))}
-            time_limit: {max(10, round(minutes * 2))}
-            """) + extra
-        jobs.append(WorkloadJob(name, round(rng.uniform(0, minutes * 60 * 0.5), 1), spec, CHECKPOINT_EVERY))
+        job = _job(f"chaos-{i:02d}-{kind}", steps, gpus, checkpoint_root, max(10, round(minutes * 2)), extra)
+        jobs.append(replace(job, arrive_s=round(rng.uniform(0, minutes * 60 * 0.5), 1)))
     return sorted(jobs, key=lambda j: j.arrive_s)
 
 
-def extra_job(index: int, checkpoint_root: Path, python: str = sys.executable) -> WorkloadJob:
+def extra_job(index: int, checkpoint_root: Path) -> WorkloadJob:
     """A small single-type job for a SIGKILLed submit once the workload has all arrived."""
-    name = f"chaos-{index:02d}-extra"
-    command = [python, str(TRAIN), "--steps", "120", "--global-batch", "64", "--dataset-size", "1024",
-               "--checkpoint-every", str(CHECKPOINT_EVERY)]
-    spec = textwrap.dedent(f"""\
-        name: {name}
-        command: {json.dumps(command)}
-        workload: {{model: mlp-small, batch_size: 64}}
-        global_batch: 64
-        work: {{steps: 120}}
-        gpus: {{min: 1, max: 1}}
-        checkpoint_dir: {json.dumps(str(checkpoint_root / name))}
-        time_limit: 30
-        """)
-    return WorkloadJob(name, 0.0, spec, CHECKPOINT_EVERY)
+    return _job(f"chaos-{index:02d}-extra", 120, "{min: 1, max: 1}", checkpoint_root, 30)
 
 
 # --------------------------------------------------------------------------- invariants (pure)

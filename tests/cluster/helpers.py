@@ -99,3 +99,24 @@ def user_python(user: str) -> tuple[list[str], dict[str, str]] | None:
     probe = subprocess.run(["runuser", "-u", user, "--", "env", f"PYTHONPATH={env['PYTHONPATH']}", system, "-c",
                             "import slurmhet.cli, psycopg"], capture_output=True, cwd="/")
     return ([system], env) if probe.returncode == 0 else None
+
+
+TRAIN = Path(__file__).resolve().parents[2] / "examples" / "train.py"
+
+
+def train_spec(path: Path, name: str, steps: int, global_batch: int, gpus: str, checkpoint_dir: Path,
+               *train_args: str, batch_size: int | None = None, extra: str = "") -> Path:
+    """A spec of examples/train.py (mlp-small) that checkpoints into ``checkpoint_dir``: the fault tests' job."""
+    command = [sys.executable, str(TRAIN), "--steps", str(steps), "--global-batch", str(global_batch), *train_args]
+    path.write_text(textwrap.dedent(f"""\
+        name: {name}
+        command: {json.dumps(command)}
+        workload: {{model: mlp-small, batch_size: {batch_size or global_batch}}}
+        global_batch: {global_batch}
+        model_size_mb: 0.01
+        work: {{steps: {steps}}}
+        gpus: {gpus}
+        checkpoint_dir: {json.dumps(str(checkpoint_dir))}
+        time_limit: 10
+        """) + extra)
+    return path

@@ -7,20 +7,17 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
 from slurmhet.runtime.progress import job_steps, read_progress
-from tests.cluster.helpers import accounting, cli, status
+from tests.cluster.helpers import accounting, cli, status, train_spec
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster")
 
 REPO = Path(__file__).resolve().parents[2]
-TRAIN = str(REPO / "examples" / "train.py")
 STEPS = 80
 EVERY = 5
 #: 96 emulated samples/s at a global batch of 48 (8 per rank): 2 steps a second.
@@ -46,20 +43,8 @@ def _resume(name: str) -> None:
 def test_a_node_failing_under_a_het_job_restarts_it_whole_from_its_checkpoint(tmp_path: Path, state_dir: Path,
                                                                              leftovers: list[str]) -> None:
     ckpt = tmp_path / "ckpt"
-    command = [sys.executable, TRAIN, "--steps", str(STEPS), "--dataset-size", "480", "--global-batch", "48",
-               "--checkpoint-every", str(EVERY)]
-    spec = tmp_path / "job.yaml"
-    spec.write_text(textwrap.dedent(f"""\
-        name: het-train
-        command: {json.dumps(command)}
-        workload: {{model: mlp-small, batch_size: 8}}
-        global_batch: 48
-        model_size_mb: 0.01
-        work: {{steps: {STEPS}}}
-        gpus: {{min: 6, max: 6, types: [v100, t4, k80]}}
-        checkpoint_dir: {json.dumps(str(ckpt))}
-        time_limit: 10
-        """))
+    spec = train_spec(tmp_path / "job.yaml", "het-train", STEPS, 48, "{min: 6, max: 6, types: [v100, t4, k80]}", ckpt,
+                      "--dataset-size", "480", "--checkpoint-every", str(EVERY), batch_size=8)
     env = {**ENV, "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
     [out] = json.loads(cli("submit", "--json", str(spec), state=state_dir, env=env).stdout)["jobs"]
     leftovers.extend(out["slurm_job_ids"])
@@ -118,20 +103,8 @@ def test_a_node_failing_under_a_forked_copy_leaves_it_out_of_its_round_and_the_j
         tmp_path: Path, state_dir: Path, leftovers: list[str]) -> None:
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
-    command = [sys.executable, TRAIN, "--steps", str(FORK_STEPS), "--global-batch", "64", "--dataset-size", "1024"]
-    spec = tmp_path / "fork.yaml"
-    spec.write_text(textwrap.dedent(f"""\
-        name: forked
-        command: {json.dumps(command)}
-        workload: {{model: mlp-small, batch_size: 64}}
-        global_batch: 64
-        model_size_mb: 0.01
-        sync: local-sgd
-        work: {{steps: {FORK_STEPS}}}
-        gpus: {{min: 1, max: 1}}
-        checkpoint_dir: {json.dumps(str(ckpt))}
-        time_limit: 10
-        """))
+    spec = train_spec(tmp_path / "fork.yaml", "forked", FORK_STEPS, 64, "{min: 1, max: 1}", ckpt, "--dataset-size",
+                      "1024", extra="sync: local-sgd\n")
     env = {"SLURMHET_EMULATE_THROUGHPUT": "1", "SLURMHET_FORK_ROUND_S": FORK_ROUND_S,
            "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
     [out] = json.loads(cli("submit", "--json", str(spec), state=state_dir, env=env).stdout)["jobs"]

@@ -8,21 +8,18 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
 from slurmhet.runtime.progress import read_progress
-from tests.cluster.helpers import cli, status
+from tests.cluster.helpers import cli, status, train_spec
 from tests.cluster.replan_helpers import sbatch_foreign, wait_slurm
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster")
 
 REPO = Path(__file__).resolve().parents[2]
-TRAIN = str(REPO / "examples" / "train.py")
 STEPS = 60
 #: 64 emulated samples/s at a global batch of 32: 2 steps a second, so the job trains about 30 s in all.
 ENV = {"SLURMHET_EMULATE_THROUGHPUT": "1", "SLURMHET_EMULATED_SAMPLES_PER_S": "64"}
@@ -42,18 +39,8 @@ def _steps(state_dir: Path, job_id: int) -> int:
 def test_a_preempted_job_checkpoints_is_requeued_and_resumes_from_its_checkpoint(tmp_path: Path, state_dir: Path,
                                                                                 leftovers: list[str]) -> None:
     ckpt = tmp_path / "ckpt"
-    command = [sys.executable, TRAIN, "--steps", str(STEPS), "--dataset-size", "256", "--global-batch", "32"]
-    spec = tmp_path / "job.yaml"
-    spec.write_text(textwrap.dedent(f"""\
-        name: preemptible
-        command: {json.dumps(command)}
-        workload: {{model: mlp-small, batch_size: 32}}
-        global_batch: 32
-        work: {{steps: {STEPS}}}
-        gpus: {{min: 1, max: 1, types: [k80]}}
-        checkpoint_dir: {json.dumps(str(ckpt))}
-        time_limit: 10
-        """))
+    spec = train_spec(tmp_path / "job.yaml", "preemptible", STEPS, 32, "{min: 1, max: 1, types: [k80]}", ckpt,
+                      "--dataset-size", "256")
     env = {**ENV, "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
     [out] = json.loads(cli("submit", "--json", str(spec), state=state_dir, env=env).stdout)["jobs"]
     leftovers.extend(out["slurm_job_ids"])
