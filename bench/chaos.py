@@ -499,6 +499,8 @@ def _result(chaos: Chaos, jobs: Sequence[WorkloadJob], faults: Sequence[Fault], 
                  "slurm_jobs": len(recorded), "restarts": sum(r.get("restarts", 0) for r in stored)},
         "invariants": held,
         "overlapping_runs": {str(i): pairs for i, pairs in overlaps.items()},
+        "not_completed": [{"id": r["id"], "name": r["name"], "state": r["state"], "reason": r["reason"]}
+                          for r in stored if r["state"] != "COMPLETED"],
         "progress_lost_steps": {str(i): n for i, n in lost.items() if n},
         "worst_progress_lost_steps": max(lost.values(), default=0),
         "worst_progress_lost_s": round(worst[0], 1),

@@ -147,6 +147,26 @@ def displaced(job: Job, inventory: Inventory) -> tuple[str, ...]:
     return tuple(sorted({node for node, _, _ in alloc.slots if node not in usable}))
 
 
+#: A superseded part's state until Slurm is known to have cancelled it.
+CANCELLING = "CANCELLING"
+
+
+def supersede(job: Job) -> None:
+    """Retire the job's current parts: the store's record that their Slurm jobs are to be cancelled."""
+    for part in job.slurm_jobs:
+        if part.current:
+            part.role, part.state = "superseded", CANCELLING
+
+
+def owed_cancels(jobs: Sequence[Job], queue: Sequence[QueueRecord]) -> list[str]:
+    """Slurm jobs of superseded parts that squeue still lists as live: a replan was stopped between its
+    store write and its scancel. Cancelled now, before anything new of the job is submitted."""
+    live = [r for r in queue if r.state in ("PENDING", "RUNNING", "CONFIGURING", "REQUEUED", "SUSPENDED")]
+    targets = {r.root_id for r in live} | {f"{r.root_id}_{r.array_task}" for r in live if r.array_task is not None}
+    return sorted({p.target for j in jobs for p in j.slurm_jobs
+                   if p.role == "superseded" and p.state == CANCELLING and p.target in targets})
+
+
 def stranded_copies(job: Job, inventory: Inventory) -> list[tuple[SlurmJob, tuple[str, ...]]]:
     """Forked copies of the job's round pending on their pinned node, now down or drained (Slurm requeued the
     copy there when the node failed under it, or it never started), with those nodes: left there, the round's
@@ -358,7 +378,7 @@ class Replanner:
                 session.add(ClusterSnapshot(nodes=view))
             for event in result.events:
                 add_event(session, None, "reset", event)
-            self._displace(session, mine, inventory, dry_run, result)
+            owed = self._displace(session, mine, inventory, queue, dry_run, result)
             steps = job_steps(read_progress(self.settings.progress_dir))
             # Forked jobs whose round ended: the sync leaves them open for the Job Tracker.
             forked = [j for j in mine if forked_round(j) is not None]
@@ -379,6 +399,8 @@ class Replanner:
             candidates = [c if c is None else with_verdicts(c, found)
                           for c in (self._candidate(j, steps) for j in live_jobs)]
             retry_capped = {j.id for j in mine if j.state is JobState.SUBMIT_FAILED and j.attempts >= MAX_SUBMIT_ATTEMPTS}
+        if owed and not dry_run:
+            self.client.cancel(owed)
         candidates = [c for c in candidates if c is not None]
         if not candidates:  # a job whose steps are all done may still be held (preempted as it ended)
             self._release_holds(mine, queue, dry_run, result)
@@ -425,19 +447,19 @@ class Replanner:
                                       + (f" ({outcome.reason})" if outcome.reason else ""))
         return result
 
-    def _displace(self, session: Session, mine: Sequence[Job], inventory: Inventory, dry_run: bool,
-                  result: ReplanResult) -> None:
+    def _displace(self, session: Session, mine: Sequence[Job], inventory: Inventory, queue: Sequence[QueueRecord],
+                  dry_run: bool, result: ReplanResult) -> list[str]:
         """Re-plan jobs waiting in Slurm on nodes that are gone or on an afterok that cannot be met, and leave
-        out of its round a forked copy Slurm requeued onto its dead node. Each Slurm job is cancelled once
-        (a pack's members share one)."""
-        cancelled: set[str] = set()
-
-        def cancel(targets: Sequence[str]) -> None:
-            todo = [t for t in targets if t not in cancelled]
-            if todo and not dry_run:
-                self.client.cancel(todo)
-            cancelled.update(todo)
-
+        out of its round a forked copy pending on its dead node. Returns the Slurm jobs to cancel once this
+        transaction is committed: the store says first (parts ``superseded``, state CANCELLING), Slurm is told
+        after, so a replan killed in between leaves a record that the next run finishes (see ``owed_cancels``),
+        never a job whose cancelled parts read as the user's cancel."""
+        owed = owed_cancels(mine, queue)
+        if not dry_run:
+            for job in mine:
+                for part in job.slurm_jobs:
+                    if part.role == "superseded" and part.state == CANCELLING and part.target not in owed:
+                        part.state = "CANCELLED"
         for job in mine:
             for part, nodes in stranded_copies(job, inventory):
                 left_out = (f"node {','.join(nodes)} "
@@ -447,9 +469,8 @@ class Replanner:
                 result.events.append(left_out)
                 result.actions.append(f"cancel Slurm job {part.slurm_job_id}_{part.array_task} of job {job.id}: "
                                       f"{left_out}")
-                cancel([f"{part.slurm_job_id}_{part.array_task}"])
+                owed.append(f"{part.slurm_job_id}_{part.array_task}")  # still pending next time: judged again
                 if not dry_run:
-                    part.state = "CANCELLED"
                     add_event(session, None, "reset", left_out)
                     add_event(session, job, "reset", left_out)
             gone = displaced(job, inventory)
@@ -467,13 +488,12 @@ class Replanner:
             live = sorted({p.target for p in job.slurm_jobs if p.current and p.state == "PENDING"})
             result.actions.append(f"cancel Slurm job(s) {','.join(live)} of job {job.id}: "
                                   + ("nodes gone" if gone else why))
-            cancel(live)
+            owed += live
             if not dry_run:
-                for part in job.slurm_jobs:
-                    if part.current:
-                        part.role, part.state = "superseded", "CANCELLED"
+                supersede(job)
                 job.state, job.reason = JobState.PENDING, f"re-planned: {why}"
                 add_event(session, job, "displaced", job.reason, slurm_job_ids=live)
+        return list(dict.fromkeys(owed))  # a pack's members share one Slurm job: cancelled once
 
     def _release_holds(self, jobs: Sequence[Job], queue: Sequence[QueueRecord], dry_run: bool,
                        result: ReplanResult) -> None:
@@ -492,18 +512,16 @@ class Replanner:
                 self.client.release_requeue_hold(list(targets))
 
     def _supersede(self, move: Move, note: str) -> None:
-        """Cancel a pending job's Slurm parts and put it back in the store's queue, in that order: a crash in
-        between leaves it SUBMITTED with cancelled parts, which the next sync marks and the next run re-plans."""
-        self.client.cancel(list(move.slurm_job_ids))
+        """Put a pending job back in the store's queue, then cancel its Slurm parts: a replan killed in between
+        leaves them CANCELLING, and the next run cancels them (``owed_cancels``) before it submits anything."""
         with self.db.transaction() as session:
             job = session.get(Job, move.job_id)
             assert job is not None
-            for part in job.slurm_jobs:
-                if part.current:
-                    part.role, part.state = "superseded", "CANCELLED"
+            supersede(job)
             job.state, job.reason = JobState.PENDING, f"moved: {note}"
             add_event(session, job, "reset", note, slurm_job_ids=list(move.slurm_job_ids),
                       stay_finish_s=move.stay_finish_s, move_finish_s=move.move_finish_s, to=move.to)
+        self.client.cancel(list(move.slurm_job_ids))
 
     @staticmethod
     def _workload(job: Job) -> str:

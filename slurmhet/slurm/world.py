@@ -76,7 +76,7 @@ class Access:
     partitions: tuple[str, ...]
     #: Partition -> why this user may not submit there.
     refused: Mapping[str, str]
-    #: GPU types on available nodes of usable partitions.
+    #: GPU types on the nodes of usable partitions (drained and down ones included).
     types: tuple[str, ...]
     #: Most GPUs the user may hold at once, and the limit that says so; None: no cap.
     gpu_cap: int | None = None
@@ -153,7 +153,8 @@ def access_of(world: SlurmWorld, user: str, groups: Collection[str], account: st
             refused[part.name] = why
     nodes = {n.name: n for n in world.nodes}
     by_name = {p.name: p for p in world.partitions}
-    types = sorted({t for name in usable for n in by_name[name].nodes if n in nodes and nodes[n].available
+    # Drained and down nodes too: a node out for repair makes a job wait, not its type out of reach.
+    types = sorted({t for name in usable for n in by_name[name].nodes if n in nodes
                     for t, c in nodes[n].gpus.items() if c > 0})
     cap, source, job_cap, job_source = None, "", None, ""
     limits: list[tuple[int | None, str]] = []

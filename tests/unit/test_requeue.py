@@ -10,7 +10,7 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from slurmhet.replan import REQUEUE_HOLD, displaced, requeue_held, requeued, stranded_copies, waiting_in_slurm
+from slurmhet.replan import CANCELLING, REQUEUE_HOLD, owed_cancels, displaced, requeue_held, requeued, stranded_copies, waiting_in_slurm
 from slurmhet.cluster import Inventory, Node
 from slurmhet.slurm.parsers import QueueRecord, parse_squeue_json
 from slurmhet.spec import load_text
@@ -130,10 +130,10 @@ def test_an_mps_pack_requeued_onto_a_drained_node_is_cancelled_once_and_each_mem
                                                               reason=REQUEUE_HOLD, nodes="nodec", started_at=T0,
                                                               restarts=1)) for _ in range(2)]
         session.flush()
-        replanner._displace(session, members, inventory, False, result)
-        assert client.calls == [["90"]]  # one Slurm job for both members, cancelled once
+        owed = replanner._displace(session, members, inventory, [], False, result)
+        assert owed == ["90"] and client.calls == []  # one Slurm job for both members; cancelled after the commit
         assert [m.state for m in members] == [JobState.PENDING, JobState.PENDING]
-        assert all(p.role == "superseded" for m in members for p in m.slurm_jobs)
+        assert all((p.role, p.state) == ("superseded", CANCELLING) for m in members for p in m.slurm_jobs)
         assert [e for e in result.events if e.startswith("node nodec failed under job")] == [
             f"node nodec failed under job {m.id} (a); Slurm requeued it there: re-planned now, resumes from its "
             "checkpoint" for m in members]
@@ -187,3 +187,24 @@ def test_a_hold_is_kept_while_the_job_that_preempted_it_waits_for_its_nodes() ->
     assert outranked(["70"], [mine, queued("80", "urgent", "PENDING")], partitions)  # the preemptor waits
     assert not outranked(["70"], [mine, queued("80", "urgent", "RUNNING")], partitions)  # it started: release
     assert not outranked(["70"], [mine, queued("81", "t4", "PENDING")], partitions)  # same tier: Slurm's order
+
+
+def test_a_replan_killed_between_its_store_write_and_scancel_is_finished_by_the_next(tmp_path: Path) -> None:
+    """The store says superseded (CANCELLING) first; squeue still lists the Slurm job: the next run owes its
+    scancel and does it before submitting anything; once Slurm no longer lists it live, the part reads CANCELLED."""
+    from slurmhet.replan import ReplanResult, Replanner
+
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    inventory = Inventory((Node("nodeb", {"t4": 4}),))
+    with db.transaction() as session:
+        moved = _job(session, JobState.PENDING, SlurmJob(slurm_job_id="95", role="superseded", state=CANCELLING),
+                     started=False)
+        session.flush()
+        still_there = [_queued("PENDING", "Resources", 0, job_id="95")]
+        assert owed_cancels([moved], still_there) == ["95"]
+        replanner = Replanner(db, _Cancels(), None, None, None, "alice")  # type: ignore[arg-type]
+        assert replanner._displace(session, [moved], inventory, still_there, False, ReplanResult()) == ["95"]
+        assert moved.slurm_jobs[0].state == CANCELLING
+        gone = [_queued("CANCELLED", "", 0, job_id="95")]
+        assert replanner._displace(session, [moved], inventory, gone, False, ReplanResult()) == []
+        assert moved.slurm_jobs[0].state == "CANCELLED" and moved.state is JobState.PENDING  # never the user's cancel
