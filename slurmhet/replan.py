@@ -400,7 +400,7 @@ class Replanner:
                           for c in (self._candidate(j, steps) for j in live_jobs)]
             retry_capped = {j.id for j in mine if j.state is JobState.SUBMIT_FAILED and j.attempts >= MAX_SUBMIT_ATTEMPTS}
         if owed and not dry_run:
-            self.client.cancel(owed)
+            self._cancel(owed)
         candidates = [c for c in candidates if c is not None]
         if not candidates:  # a job whose steps are all done may still be held (preempted as it ended)
             self._release_holds(mine, queue, dry_run, result)
@@ -521,7 +521,17 @@ class Replanner:
             job.state, job.reason = JobState.PENDING, f"moved: {note}"
             add_event(session, job, "reset", note, slurm_job_ids=list(move.slurm_job_ids),
                       stay_finish_s=move.stay_finish_s, move_finish_s=move.move_finish_s, to=move.to)
-        self.client.cancel(list(move.slurm_job_ids))
+        self._cancel(list(move.slurm_job_ids))
+
+    def _cancel(self, targets: Sequence[str]) -> None:
+        """scancel what the store already marked CANCELLING, then record that Slurm took it."""
+        self.client.cancel(list(targets))
+        with self.db.transaction() as session:
+            parts = session.scalars(select(SlurmJob).where(SlurmJob.role == "superseded",
+                                                           SlurmJob.state == CANCELLING)).all()
+            for part in parts:
+                if part.target in targets:
+                    part.state = "CANCELLED"
 
     @staticmethod
     def _workload(job: Job) -> str:
