@@ -403,7 +403,7 @@ class Replanner:
             self._cancel(owed)
         candidates = [c for c in candidates if c is not None]
         if not candidates:  # a job whose steps are all done may still be held (preempted as it ended)
-            self._release_holds(mine, queue, dry_run, result)
+            self._release_holds(mine, queue, owed, dry_run, result)
             return result
         shared = read_shared(self.client, queue, self.db.instance, self.owner, now,
                              [c.spec for c in candidates if c.current is None])
@@ -418,7 +418,7 @@ class Replanner:
             result.actions.append(f"cancel Slurm job(s) {','.join(move.slurm_job_ids)} of job {move.job_id}: {note}")
             if not dry_run:
                 self._supersede(move, note)
-        self._release_holds([j for j in mine if j.id not in moved], queue, dry_run, result)
+        self._release_holds([j for j in mine if j.id not in moved], queue, owed, dry_run, result)
         # A moved job is planned afresh, kept off the types it waited for (this run's verdict stands).
         candidates = [replace(c, current=None) if c.job_id in moved else c for c in candidates]
         plan = plan_for(candidates, inventory, table, self.settings.default_policy, now, shared=shared, only=moved,
@@ -469,8 +469,9 @@ class Replanner:
                 result.events.append(left_out)
                 result.actions.append(f"cancel Slurm job {part.slurm_job_id}_{part.array_task} of job {job.id}: "
                                       f"{left_out}")
-                owed.append(f"{part.slurm_job_id}_{part.array_task}")  # still pending next time: judged again
+                owed.append(f"{part.slurm_job_id}_{part.array_task}")
                 if not dry_run:
+                    part.state = CANCELLING  # the next sync reads Slurm's word; still pending there: judged again
                     add_event(session, None, "reset", left_out)
                     add_event(session, job, "reset", left_out)
             gone = displaced(job, inventory)
@@ -495,11 +496,12 @@ class Replanner:
                 add_event(session, job, "displaced", job.reason, slurm_job_ids=live)
         return list(dict.fromkeys(owed))  # a pack's members share one Slurm job: cancelled once
 
-    def _release_holds(self, jobs: Sequence[Job], queue: Sequence[QueueRecord], dry_run: bool,
-                       result: ReplanResult) -> None:
-        """Release Slurm's requeue hold on the jobs it holds, unless a job of a higher partition tier waits
-        for those nodes (it preempted this one: the hold lets it start first)."""
-        held = {job.id: targets for job in jobs if not job.state.final and (targets := requeue_held(job))}
+    def _release_holds(self, jobs: Sequence[Job], queue: Sequence[QueueRecord], cancelled: Sequence[str],
+                       dry_run: bool, result: ReplanResult) -> None:
+        """Release Slurm's requeue hold on the jobs it holds, unless this run cancelled them or a job of a higher
+        partition tier waits for those nodes (it preempted this one: the hold lets it start first)."""
+        held = {job.id: targets for job in jobs if not job.state.final
+                and (targets := tuple(t for t in requeue_held(job) if t not in cancelled))}
         if not held:
             return
         partitions = self.client.partitions()
@@ -527,11 +529,9 @@ class Replanner:
         """scancel what the store already marked CANCELLING, then record that Slurm took it."""
         self.client.cancel(list(targets))
         with self.db.transaction() as session:
-            parts = session.scalars(select(SlurmJob).where(SlurmJob.role == "superseded",
-                                                           SlurmJob.state == CANCELLING)).all()
-            for part in parts:
-                if part.target in targets:
-                    part.state = "CANCELLED"
+            for part in session.scalars(select(SlurmJob).where(SlurmJob.state == CANCELLING)).all():
+                if part.target in targets or f"{part.slurm_job_id}_{part.array_task}" in targets:
+                    part.state = "CANCELLED"  # a superseded part, or a forked copy left out of its round
 
     @staticmethod
     def _workload(job: Job) -> str:

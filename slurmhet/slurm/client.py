@@ -7,6 +7,7 @@ hands their text to the pure parsers. The optional pyslurm adapter
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from typing import Protocol, Sequence
 
@@ -14,7 +15,7 @@ from slurmhet.cluster import Node
 from slurmhet.slurm import limits, parsers
 from slurmhet.slurm.limits import AssocRecord, PartitionRecord, PendingStart, QosRecord, ReservationRecord, UsageRecord
 from slurmhet.slurm.parsers import AccountingRecord, QueueRecord
-from slurmhet.slurm.runner import SlurmRunner
+from slurmhet.slurm.runner import SlurmCommandError, SlurmRunner
 
 _SQUEUE_CHUNK = 500  # ids per query, so thousands of jobs stay within argv limits
 
@@ -39,6 +40,10 @@ class SlurmClient(Protocol):
     def qos(self) -> list[QosRecord]: ...
     def pending_starts(self) -> list[PendingStart]: ...
     def usage_history(self, since: datetime) -> list[UsageRecord]: ...
+
+
+#: What scancel and scontrol say of a job that has already ended (or left the controller).
+_ENDED = re.compile(r"already (finished|completing|completed)|Invalid job id specified")
 
 
 class SlurmCli:
@@ -104,13 +109,22 @@ class SlurmCli:
 
     def cancel(self, job_ids: Sequence[str]) -> None:
         if job_ids:
-            self._run(["scancel", *job_ids])
+            self._run_unless_ended(["scancel", *job_ids])
 
     def release_requeue_hold(self, job_ids: Sequence[str]) -> None:
         """Let requeued jobs start as soon as Slurm can place them, not after the BeginTime Slurm set at the
         requeue (a job's owner may move its own begin time)."""
         for job_id in job_ids:
-            self._run(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+            self._run_unless_ended(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+
+    def _run_unless_ended(self, argv: Sequence[str]) -> None:
+        """Run a command on jobs that may have ended since squeue listed them: that alone is no failure."""
+        try:
+            self._run(argv)
+        except SlurmCommandError as exc:
+            lines = [line for line in exc.stderr.splitlines() if line.strip()]
+            if not lines or not all(_ENDED.search(line) for line in lines):
+                raise
 
     def sbatch_help(self) -> str:
         return self._run(["sbatch", "--help"])

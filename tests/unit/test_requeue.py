@@ -208,3 +208,30 @@ def test_a_replan_killed_between_its_store_write_and_scancel_is_finished_by_the_
         gone = [_queued("CANCELLED", "", 0, job_id="95")]
         assert replanner._displace(session, [moved], inventory, gone, False, ReplanResult()) == []
         assert moved.slurm_jobs[0].state == "CANCELLED" and moved.state is JobState.PENDING  # never the user's cancel
+
+
+class _Refusing:
+    """A runner whose every command fails with ``stderr``."""
+
+    def __init__(self, stderr: str) -> None:
+        self.stderr, self.calls = stderr, []  # type: ignore[var-annotated]
+
+    def run(self, argv: list[str], stdin: str | None = None, timeout: float | None = None) -> None:
+        from slurmhet.slurm.runner import SlurmCommandError
+
+        self.calls.append(argv)
+        raise SlurmCommandError(argv, 1, "", self.stderr)
+
+
+def test_cancelling_or_releasing_a_job_that_already_ended_is_no_failure_anything_else_is() -> None:
+    import pytest
+
+    from slurmhet.slurm.client import SlurmCli
+    from slurmhet.slurm.runner import SlurmCommandError
+
+    for said in ("scancel: error: Kill job error on job id 9_2: Job/step already completing or completed\n",
+                 "9_[2]: Job has already finished\n", "scancel: error: Invalid job id specified\n"):
+        SlurmCli(_Refusing(said)).cancel(["9_2"])  # type: ignore[arg-type]
+        SlurmCli(_Refusing(said)).release_requeue_hold(["9_2"])  # type: ignore[arg-type]
+    with pytest.raises(SlurmCommandError):
+        SlurmCli(_Refusing("scancel: error: Unable to contact slurm controller\n")).cancel(["9"])  # type: ignore[arg-type]
