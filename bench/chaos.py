@@ -44,7 +44,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from slurmhet.runtime.progress import ProgressRecord, job_steps, read_progress
+from slurmhet.runtime.progress import ProgressRecord, is_consolidation, job_steps, read_progress
 
 REPO = Path(__file__).resolve().parent.parent
 DEVCLUSTER = REPO / "etc" / "devcluster" / "devcluster"
@@ -214,11 +214,10 @@ class ProgressLog:
         worst = 0
         mine = {k: r for k, r in self.seen.items() if k[0] == job_id}
         for key, r in mine.items():
-            consolidation = r.gpu_type is None and not r.node and r.start_steps == r.steps_done
             at = self.first_seen[key]
-            if consolidation:  # what the round's copies reached vs what the average kept
-                before = job_steps([x for x in self.records(at) if x.job_id == job_id and not (
-                    x.gpu_type is None and not x.node)]).get(job_id, 0)
+            if is_consolidation(r):  # what the round's copies reached vs what the average kept
+                before = job_steps([x for x in self.records(at) if x.job_id == job_id
+                                    and not is_consolidation(x)]).get(job_id, 0)
                 worst = max(worst, before - r.steps_done)
             else:  # a run resumed at start_steps: what had been reached before it started
                 before = job_steps([x for x in self.records(at) if x.job_id == job_id

@@ -38,7 +38,7 @@ from slurmhet.submission import (PLACED, UNPLACED, Candidate, Dispatcher, after_
                                  foreign_gpu_nodes, next_round, plan_for, render_parts, stored_allocation,
                                  unplaceable)
 from slurmhet.site_table import learned_table, site_table
-from slurmhet.sync import adopt_orphans, ask_slurm, forked_round, sync_jobs
+from slurmhet.sync import LIVE_PART_STATES, adopt_orphans, ask_slurm, forked_round, sync_jobs
 from slurmhet.throughput import ThroughputTable, canonical_key
 
 #: A refused job is retried this many times, then left SUBMIT_FAILED for a person to look at.
@@ -161,7 +161,7 @@ def supersede(job: Job) -> None:
 def owed_cancels(jobs: Sequence[Job], queue: Sequence[QueueRecord]) -> list[str]:
     """Slurm jobs of superseded parts that squeue still lists as live: a replan was stopped between its
     store write and its scancel. Cancelled now, before anything new of the job is submitted."""
-    live = [r for r in queue if r.state in ("PENDING", "RUNNING", "CONFIGURING", "REQUEUED", "SUSPENDED")]
+    live = [r for r in queue if r.state in LIVE_PART_STATES]
     targets = {r.root_id for r in live} | {f"{r.root_id}_{r.array_task}" for r in live if r.array_task is not None}
     return sorted({p.target for j in jobs for p in j.slurm_jobs
                    if p.role == "superseded" and p.state == CANCELLING and p.target in targets})

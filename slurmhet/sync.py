@@ -23,7 +23,8 @@ from slurmhet.store.models import ClusterSnapshot, Event, Job, JobState, SlurmJo
 from slurmhet.store.records import add_event, list_jobs
 
 _FAILED = {"FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
-_LIVE = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "STOPPED"}
+#: Slurm states of a job that still holds or waits for its resources.
+LIVE_PART_STATES = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "STOPPED"}
 FINAL_PART_STATES = _FAILED | {"COMPLETED", "CANCELLED"}
 
 
@@ -48,7 +49,7 @@ def _matches(part: SlurmJob, het_offset: int | None, array_task: int | None) -> 
 
 def _combine(states: list[str]) -> str:
     """Several Slurm records for one part (het components, array tasks) -> one state."""
-    if any(s in _LIVE for s in states):
+    if any(s in LIVE_PART_STATES for s in states):
         return "RUNNING" if any(s in ("RUNNING", "COMPLETING", "CONFIGURING") for s in states) else "PENDING"
     if any(s in _FAILED for s in states):
         return "FAILED"

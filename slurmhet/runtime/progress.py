@@ -124,7 +124,7 @@ def read_progress(directory: str | Path) -> list[ProgressRecord]:
     return sorted(records, key=lambda r: (r.job_id, r.slurm_job_id, r.rank))
 
 
-def _consolidation(record: ProgressRecord) -> bool:
+def is_consolidation(record: ProgressRecord) -> bool:
     """The record ``slurmhet consolidate`` writes for a round: the job's step count in the averaged model."""
     return record.gpu_type is None and not record.node and record.state == "done" \
         and record.start_steps == record.steps_done
@@ -147,7 +147,7 @@ def job_steps(records: Iterable[ProgressRecord]) -> dict[str, int]:
             runs[key] = r
     consolidated: dict[str, int] = {}
     for r in runs.values():
-        if _consolidation(r):
+        if is_consolidation(r):
             consolidated[r.job_id] = max(consolidated.get(r.job_id, 0), r.steps_done)
     totals: dict[tuple[str, int], int] = {}
     for r in runs.values():
