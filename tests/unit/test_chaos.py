@@ -75,3 +75,15 @@ def test_invariants_say_which_promise_broke() -> None:
                      {1: [Run("1", "batch", 0, 10), Run("2", "batch", 5, 12)]}, {1: CHECKPOINT_EVERY + 1},
                      {1: CHECKPOINT_EVERY})
     assert not any(bad.values()), bad  # c lost and b twice; 9 not recorded; 2 unknown; overlap; too much lost
+
+
+def test_bad_chaos_flags_are_refused_with_exit_2_before_anything_runs(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from slurmhet.cli import main
+
+    for args, field in ((["--minutes", "0"], "--minutes"), (["--minutes", "five"], "--minutes"),
+                        (["--seed", "1.5"], "--seed")):
+        result = CliRunner().invoke(main, ["bench", "chaos", *args], env={"SLURMHET_STATE_DIR": str(tmp_path)})
+        assert result.exit_code == 2 and f"Invalid value for '{field}'" in result.output, result.output
+    assert list(tmp_path.iterdir()) == []  # no store, no run directory: nothing was started
