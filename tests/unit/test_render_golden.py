@@ -204,6 +204,27 @@ def test_hostile_checkpoint_dir_reaches_consolidate_intact(tmp_path: Path) -> No
     assert not (tmp_path / "pwned").exists()
 
 
+def test_a_failed_replan_after_consolidation_does_not_fail_the_round(tmp_path: Path) -> None:
+    """The chaos run's case: slurmctld was restarting when the round's replan ran, so the consolidation job
+    exited 1 and the whole forked job was judged FAILED although its round was consolidated."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "copy-0.pt").write_text("x")
+    record = tmp_path / "cons.json"
+    slurmhet = _recorder(tmp_path / "bin", "slurmhet", record)
+    failing = tmp_path / "bin" / "replan-fails"
+    failing.write_text("#!/bin/sh\necho 'Unable to contact slurm controller' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    request = ConsolidationRequest(_common("forked"), (str(slurmhet),), str(ckpt), (0, 1), after=("7",),
+                                   then=(str(failing),))
+    done = subprocess.run(["bash", "-c", request.materialize().script], cwd=tmp_path, stdin=subprocess.DEVNULL,
+                          capture_output=True, text=True,
+                          env={"PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin", "HOME": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    assert json.loads(record.read_text())["argv"][:2] == ["consolidate", "--skip-bad"]
+    assert "the next scheduled replan plans the next round" in done.stderr
+
+
 @pytest.mark.parametrize("task", [0, 1, 2])
 def test_a_sweep_array_task_runs_its_own_variant(task: int, tmp_path: Path) -> None:
     """Task i gets variant i's program and environment (its own SLURMHET_JOB_ID, no copy index)."""
