@@ -104,9 +104,10 @@ def _prepare(inp: PlanningInput) -> tuple[Problem, _Context]:
                 raise InputError(f"job {job.id!r} runs on {node}:{gpu_type}, which the inventory lacks",
                                  place=f"{job.id}.current", hint="refresh the inventory before planning")
             capacity[nodes.index(node), types.index(gpu_type)] -= count
-    if (capacity < 0).any():
-        raise InputError("running jobs hold more GPUs than the inventory has", place="inventory",
-                         hint="refresh the inventory before planning")
+    # Pinned jobs may hold more of a node than it has for a moment on a live cluster: a pending job's planned
+    # slots where Slurm has just started a requeued job, or a part the store still thinks runs there. Slurm never
+    # over-commits a GPU, so such a node has nothing free: no job is planned onto it, and the plan goes on.
+    np.maximum(capacity, 0, out=capacity)
     _feedable(capacity, inventory, types, [j for j in inp.jobs if j not in pinned], pinned, rates)
     _take_world(capacity, inp.world, inp.now, nodes, types)
     caps = inp.world.gpu_caps

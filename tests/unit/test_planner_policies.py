@@ -151,6 +151,20 @@ def test_running_jobs_stay_pinned() -> None:
     assert plan.job("p").allocation.by_type() == {"t4": 2}
 
 
+def test_pinned_jobs_that_overcommit_a_node_leave_it_full_instead_of_failing_the_plan() -> None:
+    """A chaos run's submit exited 2 ("running jobs hold more GPUs than the inventory has") while a node came
+    back: the store's pinned jobs over-committed it for a moment. Slurm never over-commits, so the node is full."""
+    from slurmhet.planner import Allocation
+
+    inv = Inventory((Node("n", {"v100": 2}), Node("m", {"t4": 2})))
+    a = PlanJob("a", "A (batch size 8)", 1e5, 8, current=Allocation.of({("n", "v100"): 2}), max_gpus=2)
+    b = PlanJob("b", "A (batch size 8)", 1e5, 8, current=Allocation.of({("n", "v100"): 1}), max_gpus=1)
+    new = PlanJob("p", "A (batch size 8)", 1e5, 8, max_gpus=4)
+    plan = POLICIES["slurmhet"](PlanningInput((a, b, new), inv, TABLE))
+    assert plan.job("a").allocation == a.current and plan.job("b").allocation == b.current
+    assert plan.job("p").allocation.by_type() == {"t4": 2}
+
+
 def test_unpinned_job_keeps_its_node_when_its_counts_do_not_change() -> None:
     from slurmhet.planner import Allocation
 
