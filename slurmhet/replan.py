@@ -467,9 +467,8 @@ class Replanner:
                             + f" job {job.id} ({job.name}): copy {part.array_task} of round {part.round} is left "
                               "out, the round is consolidated without it")
                 result.events.append(left_out)
-                result.actions.append(f"cancel Slurm job {part.slurm_job_id}_{part.array_task} of job {job.id}: "
-                                      f"{left_out}")
-                owed.append(f"{part.slurm_job_id}_{part.array_task}")
+                result.actions.append(f"cancel Slurm job {part.element} of job {job.id}: {left_out}")
+                owed.append(part.element)
                 if not dry_run:
                     part.state = CANCELLING  # the next sync reads Slurm's word; still pending there: judged again
                     add_event(session, None, "reset", left_out)
@@ -530,7 +529,7 @@ class Replanner:
         self.client.cancel(list(targets))
         with self.db.transaction() as session:
             for part in session.scalars(select(SlurmJob).where(SlurmJob.state == CANCELLING)).all():
-                if part.target in targets or f"{part.slurm_job_id}_{part.array_task}" in targets:
+                if part.target in targets or part.element in targets:
                     part.state = "CANCELLED"  # a superseded part, or a forked copy left out of its round
 
     @staticmethod

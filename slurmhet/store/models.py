@@ -123,8 +123,12 @@ class SlurmJob(Base):
     @property
     def target(self) -> str:
         """What scancel and squeue take for this part alone: a sweep variant is its task of a shared array."""
-        return f"{self.slurm_job_id}_{self.array_task}" if self.role == "sweep" and self.array_task is not None \
-            else self.slurm_job_id
+        return self.element if self.role == "sweep" else self.slurm_job_id
+
+    @property
+    def element(self) -> str:
+        """This part's own array element (``N_k``; a forked copy alone), or its job id when it is no array task."""
+        return f"{self.slurm_job_id}_{self.array_task}" if self.array_task is not None else self.slurm_job_id
 
 
 class Event(Base):
