@@ -10,21 +10,32 @@ the best any scheduler could do. The engine's facts the proofs rest on:
      requested scale (``RateModel.task_seconds``): barrier, proportional and relaxed
      (fewer GPUs than tasks) gangs all take at least ``k / sum 1/tau`` per iteration,
      communication, contention, restarts, start-up and consolidation only subtract.
-(E2) A GPU serves one job, except a co-located pair on one GPU of type ``g`` running at
-     the measured ``(r_a, r_b)``; ``gamma[g] >= 1`` is the largest
+(E2) A GPU serves one job, except a co-located pair of single-GPU jobs (the engine
+     refuses a shared group with a member asking more than one GPU) on one GPU of type
+     ``g`` running at the measured ``(r_a, r_b)``; ``gamma[g] >= 1`` is the largest
      ``r_a / u[a, g] + r_b / u[b, g]`` over the pairs the instance's jobs could form
-     (1 when the run has no co-locating policy). Each GPU-second of type ``g`` so yields
-     at most ``gamma[g]`` GPU-seconds' worth of isolated work on ``g``; a co-located job's
-     own rate is at most ``v[j, g] = max(u[j, g], its best measured co-located rate)``.
+     (1 when the run has no co-locating policy). The *gain* ``e[j, g]`` is ``gamma[g]``
+     for a single-GPU job and 1 for a multi-GPU one, and ``q[j, g] = u[j, g] e[j, g]``
+     its work per GPU-second: a pair sharing a GPU of type ``g`` for ``z`` seconds can be
+     booked as ``y_a = r_a z / (u[a, g] gamma[g])`` and ``y_b = r_b z / (u[b, g] gamma[g])``
+     GPU-seconds, so ``y_a q[a, g] = r_a z`` and ``y_b q[b, g] = r_b z`` with
+     ``y_a + y_b <= z`` (and each at most ``z``); a job alone on a GPU-second does at most
+     ``u <= q`` on it; and a multi-GPU job never shares, so the GPU-seconds it holds are
+     its own and each yields at most ``u[j, g] = q[j, g]``. Booked GPU-seconds so never
+     exceed the GPUs' (nor, per job, the GPUs it holds). A co-located job's own rate is
+     at most ``v[j, g] = max(u[j, g], its best measured co-located rate)``.
 (E3) Without forking (``forks`` false, checked by the engine) a job holds at most ``k_j``
      GPUs at a time; with forking, any number.
 (E4) A job's first start costs ``start_s`` without progress.
 
-Charging every job ``p_j = S_j / max_g(u[j, g] gamma[g])`` GPU-seconds (its steps at
-the best work per GPU-second it can get anywhere) turns any schedule into a *pooled*
-one on a single machine of speed ``C`` = all GPUs, in which a job runs at most at rate
-``rho_j C`` with ``rho_j = min(1, k_j / C)`` (``rho_j = 1`` with forking): by (E1)-(E2)
-the charged rate of all jobs together never exceeds ``C``.
+Charging every job ``p_j = S_j / max_g q[j, g]`` GPU-seconds (its steps at the best work
+per GPU-second it can get anywhere: ``u gamma`` for a single-GPU job, ``u`` for a
+multi-GPU one) turns any schedule into a *pooled* one on a single machine of speed
+``C`` = all GPUs, in which a job runs at most at rate ``rho_j C`` with
+``rho_j = min(1, k_j / C)`` (``rho_j = 1`` with forking): by (E1)-(E2) the charged rate
+of all jobs together never exceeds ``C`` (a shared GPU is charged
+``r_a / max q_a + r_b / max q_b <= (r_a / u_a + r_b / u_b) / gamma <= 1``, a GPU one job
+holds alone at most ``u / max q <= 1``, ``q = u`` for a multi-GPU job).
 """
 
 from __future__ import annotations
@@ -98,7 +109,7 @@ def instance_bounds(jobs: Sequence[TraceJob], capacity: Mapping[str, int], rates
     if len(inst.steps) == 0:
         return InstanceBounds(0.0, 0.0, 0.0)
     alone = _alone_seconds(inst, forks) + start_s
-    pooled = inst.steps / (inst.u * inst.gamma[None, :]).max(axis=1)  # p_j, GPU-seconds
+    pooled = inst.steps / _work(inst).max(axis=1)  # p_j, GPU-seconds
     total = float(inst.capacity.sum())
     rho = np.ones(len(pooled)) if forks else np.minimum(1.0, inst.gpus / total)
     first = float(inst.arrival.min())
@@ -136,6 +147,14 @@ def _instance(jobs: Sequence[TraceJob], capacity: Mapping[str, int], rates: Rate
         weight=np.array([j.weight for j in jobs], dtype=float),
         u=u, own=own, capacity=np.array([float(capacity[t]) for t in types]), gamma=gamma,
         pairs=_pairs(jobs, u, measured) if colocates else ())
+
+
+def _work(inst: _Instance) -> np.ndarray:
+    """``q[j, g] = u[j, g] e[j, g]``, the most of job ``j``'s isolated work one GPU-second of type ``g`` can be
+    booked for (E2): the gain ``e`` is ``gamma[g]`` for a single-GPU job, which may share the GPU, and 1 for a
+    multi-GPU job, which never does."""
+    gain = np.where(inst.gpus[:, None] == 1, inst.gamma[None, :], 1.0)
+    return inst.u * gain
 
 
 def _measured_pairs(jobs: Sequence[TraceJob], types: list[str],
@@ -195,10 +214,11 @@ def _fluid_makespan(inst: _Instance, forks: bool) -> float:
     """max over arrival thresholds ``a`` of ``a + T_a``, ``T_a`` the fluid LP's time for the jobs arriving at ``a``
     or later.
 
-    Validity: the jobs arriving at or after ``a`` run entirely inside ``[a, end]``; giving job ``j``
-    ``y[j, g]`` GPU-seconds of type ``g`` there, (E1)-(E2) need ``sum_g y[j, g] u[j, g] gamma[g] >= S_j`` and
-    capacity gives ``sum_j y[j, g] <= C_g (end - a)``; (E3) adds ``sum_g y[j, g] <= k_j (end - a)``. The LP's
-    minimum ``T_a`` so satisfies ``end - a >= T_a`` for every schedule.
+    Validity: the jobs arriving at or after ``a`` run entirely inside ``[a, end]``; booking job ``j``
+    ``y[j, g]`` GPU-seconds of type ``g`` there as in (E2), (E1)-(E2) need ``sum_g y[j, g] q[j, g] >= S_j``
+    (``q = u gamma`` for a single-GPU job, ``u`` for a multi-GPU one, :func:`_work`) and capacity gives
+    ``sum_j y[j, g] <= C_g (end - a)``; (E3) adds ``sum_g y[j, g] <= k_j (end - a)``. The LP's minimum ``T_a``
+    so satisfies ``end - a >= T_a`` for every schedule.
     """
     arrivals = np.unique(inst.arrival)
     if len(arrivals) > MAX_THRESHOLDS:
@@ -214,10 +234,11 @@ def _fluid_time(inst: _Instance, members: np.ndarray, forks: bool) -> float:
     """The fluid LP of :func:`_fluid_makespan` for ``members``. Co-location enters pair by pair when the instance
     lists its pairs: ``z`` GPU-seconds of jobs a and b sharing a GPU of type g give a ``r_a z`` and b ``r_b z``
     steps and count once against the type's capacity and once against each job's GPU limit (E2); otherwise
-    every GPU-second does up to gamma_g times a job's isolated work."""
+    every GPU-second does up to gamma_g times a single-GPU job's isolated work (the booking of (E2): a pair
+    sharing ``z`` GPU-seconds books ``y_a + y_b <= z``) and exactly a multi-GPU job's, which never shares the
+    GPU-seconds it holds, so the capacity and GPU-limit rows still hold."""
     pairs = inst.pairs
-    scale = inst.gamma if pairs is None else np.ones(len(inst.gamma))
-    work = inst.u[members] * scale[None, :]
+    work = (_work(inst) if pairs is None else inst.u)[members]
     n, m = work.shape
     local = {int(j): i for i, j in enumerate(members)}
     shared = [(local[a], local[b], g, ra, rb) for a, b, g, ra, rb in (pairs or ()) if a in local and b in local]
@@ -265,16 +286,19 @@ def _interval_lp(inst: _Instance, alone: np.ndarray, forks: bool, weight: np.nda
 
     Time is cut at grid points ``a_0 < a_1 < ...`` (release times, a geometric and a uniform grid reaching
     three times ``horizon``, the makespan bound, past the first arrival; the last interval is unbounded, which
-    is valid, only looser). ``y[j, g, i]`` = GPU-seconds of type ``g`` job ``j`` gets in interval ``i``. Every
-    schedule gives such ``y`` with: work ``sum y u gamma >= S_j`` (E1-E2); per interval and type at most
-    ``C_g * length`` GPU-seconds; without forking at most ``k_j * length`` per job (E3); nothing before the
-    job's release (its release rounded down to a grid point, a relaxation). Its mean busy time ``M_j`` (the work-weighted mean time of its processing) is at least ``sum_i f_ji a_i``, ``f_ji`` the share
-    of its work done in interval ``i``; it runs at most at its alone rate, so its work spans at least
+    is valid, only looser). ``y[j, g, i]`` = GPU-seconds of type ``g`` booked to job ``j`` in interval ``i``
+    as in (E2): its work there over ``q[j, g]`` (:func:`_work`: ``u gamma`` for a single-GPU job, which may
+    share a GPU, the pair's two bookings summing to at most the shared GPU-seconds; ``u`` for a multi-GPU job,
+    whose GPU-seconds are its own). Every schedule gives such ``y`` with: work ``sum y q = S_j`` (E1-E2); per
+    interval and type at most ``C_g * length`` GPU-seconds; without forking at most ``k_j * length`` per job
+    (E3); nothing before the job's release (its release rounded down to a grid point, a relaxation). Its mean
+    busy time ``M_j`` (the work-weighted mean time of its processing) is at least ``sum_i f_ji a_i``, ``f_ji``
+    the share of its work done in interval ``i``; it runs at most at its alone rate, so its work spans at least
     ``alone_j`` and ``C_j >= M_j + alone_j / 2``; and ``C_j >= r_j + alone_j``. Minimising
     ``sum w_j C_j`` under these constraints so bounds every schedule's.
     """
     n, m = inst.u.shape
-    work = inst.u * inst.gamma[None, :]
+    work = _work(inst)
     first, finite = float(inst.arrival.min()), np.isfinite(alone)
     if n == 0 or not finite.all():
         return 0.0

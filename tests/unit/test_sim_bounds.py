@@ -112,3 +112,32 @@ def test_colocation_is_priced_pair_by_pair_in_the_makespan_lp() -> None:
     shared = RateModel(PairRates(table), ContentionModel(1.0, xi2=0.0), {t: 0.0 for t in table})
     jobs = [TraceJob(0, "x", 1, 0.0, 80.0), TraceJob(1, "y", 1, 0.0, 80.0), TraceJob(2, "w", 1, 0.0, 100.0)]
     assert instance_bounds(jobs, {"v100": 1}, shared, colocates=True).makespan == pytest.approx(200.0)
+
+
+def test_colocation_gain_only_speeds_up_single_gpu_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """x and y share a V100 at 0.8 + 0.8 = 1.6 times one job's rate (gamma = 1.6), but only single-GPU jobs may
+    share: each GPU-second a 2-GPU job holds does exactly its isolated work. Two 2-GPU x jobs (200 steps, 100 s
+    alone on both V100s) and single-GPU x and y (80 steps) on 2 V100s, all at 0."""
+    from slurmhet.sim import bounds
+    from slurmhet.sim.contention import ContentionModel
+    from slurmhet.sim.rates import RateModel
+
+    table = {"x": {"v100": 1.0}, "y": {"v100": 1.0}}
+    shared = RateModel(PairRates(table), ContentionModel(1.0, xi2=0.0), {t: 0.0 for t in table})
+    jobs = [TraceJob(0, "x", 2, 0.0, 200.0), TraceJob(1, "x", 2, 0.0, 200.0),
+            TraceJob(2, "x", 1, 0.0, 80.0), TraceJob(3, "y", 1, 0.0, 80.0)]
+    capacity = {"v100": 2}
+    best_makespan, best_avg_jct, best_weighted = _brute_force(jobs, capacity, shared)  # (280, 155, 620)
+    bound = instance_bounds(jobs, capacity, shared, colocates=True)
+    # Pooled charge: 200 GPU-seconds per 2-GPU job (not 200 / 1.6 = 125), 80 / 1.6 = 50 per single; SRPT on the
+    # 2-GPU machine ends them at 25, 50, 150, 250 (with the 2-GPU jobs charged 125: 25, 50, 112.5, 175).
+    assert bound.avg_jct >= (25 + 50 + 150 + 250) / 4 - 1e-6
+    assert bound.avg_jct <= best_avg_jct + 1e-6 and bound.weighted_jct <= best_weighted + 1e-6
+    assert bound.makespan == pytest.approx(250.0) and bound.makespan <= best_makespan
+    # Without the pair-by-pair LP the makespan LP prices co-location by gamma: 2 * 200 GPU-seconds for the 2-GPU
+    # jobs plus 2 * 80 / 1.6 for the singles over 2 GPUs is 250 s (gamma on every job: (400 / 1.6 + 100) / 2).
+    monkeypatch.setattr(bounds, "MAX_PAIRS", 0)
+    assert bounds._instance(jobs, capacity, shared, True).pairs is None
+    by_gamma = instance_bounds(jobs, capacity, shared, colocates=True)
+    assert by_gamma.makespan == pytest.approx(250.0)
+    assert by_gamma.avg_jct >= (25 + 50 + 150 + 250) / 4 - 1e-6
