@@ -266,14 +266,14 @@ def plan_with(name: str, allocator: Allocator, inp: PlanningInput, progress: Pro
         plans[job.id] = _job_plan(job, problem.to_allocation(slots[j]), rates[job.id], inp, order, priors[job.id],
                                   proportional=proportional)
         order += 1
+    by_id = {j.id: j for j in inp.jobs}
     groups = colocation.colocate(
         hosts=[plans[j.id] for j in pinned + admitted if plans[j.id].allocation and plans[j.id].allocation.gpus == 1],
-        jobs={j.id: j for j in inp.jobs}, candidates=waiting, table=inp.throughput, inventory=inventory,
-        settings=inp.colocation,
+        jobs=by_id, candidates=waiting, table=inp.throughput, inventory=inventory, settings=inp.colocation,
     )
     for group in groups:
-        for job_id, plan in colocation.apply_group(group, plans, {j.id: j for j in inp.jobs}, order, inp.throughput,
-                                                             inventory.inter_node_gbps).items():
+        for job_id, plan in colocation.apply_group(group, plans, by_id, order, inp.throughput,
+                                                   inventory.inter_node_gbps).items():
             if job_id not in plans:
                 order += 1
             plans[job_id] = plan

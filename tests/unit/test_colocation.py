@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from slurmhet.cluster import Inventory, Node
-from slurmhet.planner import POLICIES, ColocationSettings, PlanJob, PlanningInput, speedup
+from slurmhet.planner import POLICIES, Allocation, ColocationSettings, PlanJob, PlanningInput, speedup
 from slurmhet.throughput import ColocationProfile, ThroughputTable
 
 GAVEL = ThroughputTable.gavel()
@@ -74,3 +76,30 @@ def test_metrics_model_stops_before_slowdown() -> None:
     occupancy = sum(profiles[f"M{int(j[1])} (batch size 32)"].occupancy for j in group)
     assert len(group) == 3 and "j3" not in group  # adding j3 would push sum(C) past the threshold
     assert settings.delta0 - settings.per_occupancy * occupancy >= 1 + settings.margin
+
+
+def running(job: PlanJob, node: str) -> PlanJob:
+    return replace(job, current=Allocation(((node, "v100", 1),)))
+
+
+def test_without_profiles_a_candidate_joins_its_best_measured_pair_not_the_first_gpu() -> None:
+    """Measured pairs only: the first GPU says nothing of the others, so the joiner takes its best pair."""
+    two = Inventory((Node("n1", {"v100": 1}, gpu_memory_gb={"v100": 16.0}),
+                     Node("n2", {"v100": 1}, gpu_memory_gb={"v100": 16.0})))
+    first = running(small("h1", "ResNet-50 (batch size 16)"), "n1")  # pair with c: delta 1.12
+    best = running(small("h2", "LM (batch size 80)"), "n2")  # pair with c: delta 1.78
+    joiner = small("c", "ResNet-18 (batch size 64)")
+    plan = POLICIES["slurmhet"](PlanningInput((first, best, joiner), two, GAVEL, colocation=ColocationSettings()))
+    assert plan.job("c").colocation_group == plan.job("h2").colocation_group is not None
+    assert plan.job("h1").colocation_group is None
+    assert plan.job("c").allocation == Allocation((("n2", "v100", 1),))
+
+
+def test_without_profiles_a_candidate_below_the_threshold_does_not_stop_the_next() -> None:
+    """Algorithm 2's stop rests on ascending occupancy; without profiles a poor pair says nothing of the next."""
+    host = running(small("h", "LM (batch size 80)"), "n")
+    poor = small("d", "Recommendation (batch size 8192)", work=1e4)  # first in the planner's order; delta 0.60
+    good = small("e", "ResNet-18 (batch size 64)")  # delta 1.78
+    plan = POLICIES["slurmhet"](PlanningInput((host, poor, good), ONE_V100, GAVEL, colocation=ColocationSettings()))
+    assert plan.job("d").colocation_group is None and plan.job("d").allocation is None
+    assert plan.job("e").colocation_group == plan.job("h").colocation_group is not None
