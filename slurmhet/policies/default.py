@@ -48,7 +48,8 @@ State -> PlanningInput
   pass the planner's memory check, and groups are pairs (``max_group = 2``) because
   only pairs are measured. The table carries the measured pairs as the engine prices
   them (``RateModel.colocated_rates``), so ``colocation.speedup`` predicts the rates
-  the engine will apply.
+  the engine will apply; with no kernel profiles, each waiting job joins the running
+  job it pairs best with (``colocation._join_best_pairs``).
 
 Plan -> placements: a JobPlan with an allocation runs on exactly its Allocation slots
 (node, type, count) as one gang; jobs without one wait (are paused). Jobs with the same

@@ -179,18 +179,18 @@ def test_sched_allox_matches_the_jobs_that_fit_beside_one_no_type_holds() -> Non
 
 def test_slurmhet_relaxed_starts_a_gang_on_the_gpus_that_are_free() -> None:
     """Node a has two V100s (2 steps/s per GPU). Job 1 (scale 2, 400 worker-steps, 100 s on both GPUs) is
-    critical (bound max((50 + 2 x 100) / 2, 100) = 125 s), so the rigid planner runs it first and job 0
-    (100 steps) waits for it. Relaxed, job 1 starts on one GPU beside job 0: at 50 job 0 ends and job 1
-    (100 steps done) takes both GPUs after a 10 s restart: 60 + 300 / 4 = 135."""
+    critical (bound max((10 + 2 x 100) / 2, 100) = 105 s, 100 >= 0.9 x 105), so the rigid planner runs it
+    first and job 0 (20 steps) waits for it. Relaxed, job 1 starts on one GPU beside job 0: at 10 job 0 ends
+    and job 1 (20 steps done) takes both GPUs after a 10 s restart: 20 + 380 / 4 = 115."""
     from slurmhet.policies.default import SlurmhetRelaxed
 
     inventory = Inventory((Node("a", {"v100": 2}),))
     rates = tiny({"x": {"v100": 2.0}})
-    jobs = [TraceJob(0, "x", 1, 0.0, 100.0), TraceJob(1, "x", 2, 0.0, 400.0)]
+    jobs = [TraceJob(0, "x", 1, 0.0, 20.0), TraceJob(1, "x", 2, 0.0, 400.0)]
     config = SimConfig(restart_s=10.0)
-    assert finishes(run("slurmhet", jobs, inventory, rates, restart_s=10.0)) == {1: 100.0, 0: 150.0}
+    assert finishes(run("slurmhet", jobs, inventory, rates, restart_s=10.0)) == {1: 100.0, 0: 110.0}
     relaxed = run_policies(jobs, inventory, rates, {"s": SlurmhetRelaxed(round_s=360.0)}, config).runs["s"]
-    assert finishes(relaxed) == {0: 50.0, 1: 135.0}
+    assert finishes(relaxed) == {0: 10.0, 1: 115.0}
 
 
 def test_a_ratio_over_a_zero_metric_is_none_not_nan() -> None:
