@@ -15,7 +15,7 @@ the profiles (a later candidate only adds more occupancy); candidates without a
 profile, whose pairs are measured, follow instead in the planner's order, each
 onto the GPU of its best measured pair when that reaches ``1 + margin`` (the
 first GPU tells nothing of the others: Gavel's pair speedups on one type range
-from below 1 to 1.65). Only jobs whose spec allows
+from about 0.5 to 2.0). Only jobs whose spec allows
 co-location, that use exactly one GPU and that state their GPU memory are
 candidates; a group never exceeds the GPU's memory. Groups run under MPS.
 """
