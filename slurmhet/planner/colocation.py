@@ -97,16 +97,15 @@ def colocate(hosts: Sequence[JobPlan], jobs: Mapping[str, PlanJob], candidates: 
         prof = table.profile(job.workload)
         return prof.occupancy if prof else math.inf
 
-    def fits(job: PlanJob) -> list[tuple[str, str, list[PlanJob]]]:
-        return [g for g in gpus if len(g[2]) < settings.max_group
-                and (not job.allowed_types or g[1] in job.allowed_types)
-                and (mem := _memory(inventory, g[0], g[1], table)) is not None
-                and sum(m.gpu_memory_gb or 0 for m in g[2]) + (job.gpu_memory_gb or 0) <= mem]
-
-    eligible_candidates = [j for j in candidates if eligible(j)]
-    for job in sorted((j for j in eligible_candidates if table.profile(j.workload)), key=lambda j: (occupancy(j), j.id)):
+    profiled: list[PlanJob] = []
+    measured: list[PlanJob] = []
+    for job in candidates:
+        if eligible(job):
+            (profiled if table.profile(job.workload) else measured).append(job)
+    for job in sorted(profiled, key=lambda j: (occupancy(j), j.id)):
         gpus.sort(key=lambda g: (sum(occupancy(m) for m in g[2]), g[0], g[2][0].id))
-        room = fits(job)
+        room = [g for g in gpus if _has_room(job, g[1], len(g[2]), _memory(inventory, g[0], g[1], table),
+                                             sum(m.gpu_memory_gb or 0 for m in g[2]), settings)]
         if not room:
             break
         node, gpu_type, members = room[0]
@@ -114,8 +113,7 @@ def colocate(hosts: Sequence[JobPlan], jobs: Mapping[str, PlanJob], candidates: 
         if predicted is None or predicted[0] < 1 + settings.margin:
             break  # Algorithm 2, line 26: stop before a slowdown
         members.append(job)
-    _join_best_pairs(gpus, [j for j in eligible_candidates if not table.profile(j.workload)], table, inventory,
-                     settings)
+    _join_best_pairs(gpus, measured, table, inventory, settings)
     chosen: list[tuple[str, str, list[PlanJob], float, tuple[float, ...], str]] = []
     for node, gpu_type, members in gpus:
         if len(members) > 1:
@@ -124,6 +122,13 @@ def colocate(hosts: Sequence[JobPlan], jobs: Mapping[str, PlanJob], candidates: 
     chosen.sort(key=lambda c: (c[0], c[2][0].id))
     return [ColocationGroup(f"coloc-{i + 1}", node, gpu_type, tuple(m.id for m in members), delta, slow, source)
             for i, (node, gpu_type, members, delta, slow, source) in enumerate(chosen)]
+
+
+def _has_room(job: PlanJob, gpu_type: str, size: int, memory: float | None, used: float,
+              settings: ColocationSettings) -> bool:
+    """Whether ``job`` may join a GPU of ``gpu_type`` holding ``size`` members that use ``used`` of its ``memory``."""
+    return (size < settings.max_group and (not job.allowed_types or gpu_type in job.allowed_types)
+            and memory is not None and used + (job.gpu_memory_gb or 0) <= memory)
 
 
 def _join_best_pairs(gpus: list[tuple[str, str, list[PlanJob]]], joiners: Sequence[PlanJob], table: ThroughputTable,
@@ -150,8 +155,7 @@ def _join_best_pairs(gpus: list[tuple[str, str, list[PlanJob]]], joiners: Sequen
         best: tuple[float, int, tuple[str, float | None, tuple[tuple[str, int], ...], float]] | None = None
         for bucket, heap in buckets.items():
             gpu_type, memory, members, used = bucket
-            if (not heap or (job.allowed_types and gpu_type not in job.allowed_types) or memory is None
-                    or used + (job.gpu_memory_gb or 0) > memory):
+            if not heap or not _has_room(job, gpu_type, len(members), memory, used, settings):
                 continue
             cached = (job.workload, job.global_batch, gpu_type, members)
             if cached not in predicted:
