@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from slurmhet.cluster import Inventory
 from slurmhet.config import Settings
 from slurmhet.planner import Allocation
-from slurmhet.runtime.progress import ProgressRecord, job_steps, read_progress
+from slurmhet.runtime.progress import ProgressRecord, finished_steps, job_steps, read_progress
 from slurmhet.slurm.client import SlurmClient
 from slurmhet.slurm.limits import PartitionRecord
 from slurmhet.slurm.parsers import QueueRecord
@@ -355,16 +355,16 @@ class Replanner:
         inventory = Inventory(tuple(self.client.nodes()))
         now = datetime.now(timezone.utc).timestamp()
         view, queue = ask_slurm(self.db, self.client, UNPLACED + PLACED)
+        records = read_progress(self.settings.progress_dir)
         with self.db.transaction() as session:
             jobs = list_jobs(session, states=UNPLACED + PLACED)
-            sync_jobs(session, jobs, view)
+            sync_jobs(session, jobs, view, finished_steps(records))
             mine = [j for j in jobs if j.owner == self.owner]
             result.actions += adopt_orphans(session, mine, queue, self.db.instance, self.owner)
             # A forked job's round ending is the Job Tracker's to judge (next round, or done): see job_tracker.
             result.events += [f"job {j.id} ({j.name}) ended {j.state.value}" for j in jobs
                               if j.state.final and forked_round(j) is None]
             result.events += [f"job {j.id} ({j.name}) arrived" for j in mine if j.plan is None]
-            records = read_progress(self.settings.progress_dir)
             workloads = {str(j.id): self._workload(j) for j in jobs}
             table, shifts = fold_progress(session, records, workloads,
                                           learned_table(session, site_table(self.settings)))
@@ -379,7 +379,7 @@ class Replanner:
             for event in result.events:
                 add_event(session, None, "reset", event)
             owed = self._displace(session, mine, inventory, queue, dry_run, result)
-            steps = job_steps(read_progress(self.settings.progress_dir))
+            steps = job_steps(records)
             # Forked jobs whose round ended: the sync leaves them open for the Job Tracker.
             forked = [j for j in mine if forked_round(j) is not None]
             tracked_events, tracked_actions = job_tracker(session, forked, steps, dry_run,

@@ -29,6 +29,7 @@ from slurmhet.forking import DEFAULT_ROUND_S, ForkedJob, job_forker
 from slurmhet.planner import (
     POLICIES, QUEUE_PREPARE, Allocation, JobPlan, Plan, PlanningInput, Progress, plan_job_from_spec,
 )
+from slurmhet.runtime.progress import finished_steps, job_steps, read_progress
 from slurmhet.slurm.client import SlurmClient
 from slurmhet.slurm.parsers import QueueRecord
 from slurmhet.slurm.profile import SiteProfile
@@ -579,9 +580,10 @@ def submit_new(db: Database | None, dispatcher_args: tuple[SlurmClient, SiteProf
         # before the write transaction, so other commands are not kept waiting for the store.
         view, queue = ask_slurm(db, client, UNPLACED + PLACED)
         shared = shared.with_queue(queue, db.instance, now)
+        finished = finished_steps(read_progress(settings.progress_dir))
         with db.transaction() as session:
             jobs = list_jobs(session, states=UNPLACED + PLACED)
-            sync_jobs(session, jobs, view)
+            sync_jobs(session, jobs, view, finished)
             adopt_orphans(session, [j for j in jobs if j.owner == owner], queue, db.instance, owner)
             found = dependency_verdicts(session, jobs)
             cancel_doomed(session, [j for j in jobs if j.owner == owner], found.doomed, client.cancel)
@@ -644,8 +646,6 @@ def _plan_and_dispatch(db: Database, dispatcher_args: tuple[SlurmClient, SitePro
     results: dict[int, Outcome] = {}
     steps_done = {c.job_id: int(c.samples_done // c.spec.global_batch) for c in unplaced}
     if rounds:  # a forked job between rounds: its steps so far come from the progress files
-        from slurmhet.runtime.progress import job_steps, read_progress
-
         done = job_steps(read_progress(settings.progress_dir))
         steps_done.update({i: done.get(str(i), 0) for i in rounds})
     for dispatch in dispatches(plan, {c.job_id: c.spec for c in unplaced}, profile, settings, inventory,

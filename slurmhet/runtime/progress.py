@@ -161,6 +161,19 @@ def job_steps(records: Iterable[ProgressRecord]) -> dict[str, int]:
     return best
 
 
+def finished_steps(records: Iterable[ProgressRecord]) -> dict[str, int]:
+    """Per slurmhet job, the most steps a rank reached and then exited 0 with (state ``done``).
+
+    Evidence that the job's command finished its work, whatever Slurm says of a later run: Slurm 24.11
+    and 26.05 may requeue a preempted job once more after it completed, and that run can end FAILED.
+    """
+    finished: dict[str, int] = {}
+    for r in records:
+        if r.state == "done" and r.exit_code == 0:
+            finished[r.job_id] = max(finished.get(r.job_id, 0), r.steps_done)
+    return finished
+
+
 class ProgressReporter:
     """Keeps one rank's record current; writes at most every ``interval_s`` unless forced.
 

@@ -69,7 +69,11 @@ def test_a_preempted_job_checkpoints_is_requeued_and_resumes_from_its_checkpoint
     history = _history(slurm_id)
     # 24.11 and 26.05 requeue a job that requeued itself on the preemption signal once more when its next run
     # ends (the preemption's own requeue, applied late): a third run that resumes at the end and exits at once.
-    assert history[0] in ("PREEMPTED", "REQUEUED") and history[-1] == "COMPLETED" and len(history) in (2, 3), history
+    # Once in CI on 24.11 that run ended FAILED with no log: the second run's progress record (done, all steps,
+    # exit 0) then makes the job COMPLETED, not retried (sync.settle_failure).
+    late_failure = len(history) == 3 and history[-1] == "FAILED"
+    assert history[0] in ("PREEMPTED", "REQUEUED") and len(history) in (2, 3), history
+    assert history[-1] == "COMPLETED" or late_failure, history
     assert row["restarts"] == len(history) - 1, (row, history)
     assert any(a.startswith(f"release Slurm's requeue hold on {slurm_id} of job {job_id}") for a in actions), actions
 
@@ -82,8 +86,9 @@ def test_a_preempted_job_checkpoints_is_requeued_and_resumes_from_its_checkpoint
     # The second run starts where the checkpoint written on the signal left off: nothing trained twice, nothing lost.
     assert f"resuming from {ckpt / 'checkpoint.pt'} at step {at}" in log + errors, (log, errors)
     summaries = [json.loads(line) for line in log.splitlines() if line.startswith("{") and '"start_steps"' in line]
-    assert [(s["start_steps"], s["steps"], s["state"]) for s in summaries] == [
-        (0, at, "preempted"), (at, STEPS, "done"), (STEPS, STEPS, "done")][:len(history)], summaries
+    runs = [(0, at, "preempted"), (at, STEPS, "done"), (STEPS, STEPS, "done")][:len(history)]
+    got = [(s["start_steps"], s["steps"], s["state"]) for s in summaries]
+    assert got == runs or (late_failure and got == runs[:2]), summaries
 
     detail = json.loads(cli("status", str(job_id), "--json", state=state_dir).stdout)
     assert detail["restarts"] == len(history) - 1

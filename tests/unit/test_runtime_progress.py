@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -9,8 +10,8 @@ import pytest
 from slurmhet.cluster import Inventory, Node
 from slurmhet.errors import InputError
 from slurmhet.runtime.emulation import DEFAULT_TABLE, StepPacer, emulated_samples_per_s, enabled, node_gpu_type, table_rate
-from slurmhet.runtime.progress import (ProgressRecord, ProgressReporter, job_steps, progress_path, read_progress,
-                                       write_progress)
+from slurmhet.runtime.progress import (ProgressRecord, ProgressReporter, finished_steps, job_steps, progress_path,
+                                       read_progress, write_progress)
 from slurmhet.spec import load_file
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,6 +33,15 @@ def test_records_round_trip_and_garbage_is_skipped(tmp_path: Path, capsys: pytes
     assert sorted(p.name for p in tmp_path.iterdir()) == ["5.900.1.json", "broken.json", "other.json"]
     assert "broken.json" in capsys.readouterr().err
     assert read_progress(tmp_path / "missing") == []
+
+
+def test_finished_steps_counts_only_runs_whose_command_exited_0_done() -> None:
+    done = replace(_record("a", "100", 0, 60, state="done"), exit_code=0)
+    failed = replace(_record("b", "200", 0, 60, state="failed"), exit_code=1)
+    running = _record("c", "300", 0, 60)  # all steps made, but the command has not exited (yet)
+    killed = replace(_record("d", "400", 0, 60, state="done"), exit_code=None)
+    earlier = replace(_record("a", "99", 0, 30, state="done"), exit_code=0)
+    assert finished_steps([earlier, done, failed, running, killed]) == {"a": 60}
 
 
 def test_job_steps_counts_ranks_once_and_adds_forked_copies() -> None:
