@@ -291,7 +291,9 @@ def _interval_lp(inst: _Instance, alone: np.ndarray, forks: bool, weight: np.nda
     share a GPU, the pair's two bookings summing to at most the shared GPU-seconds; ``u`` for a multi-GPU job,
     whose GPU-seconds are its own). Every schedule gives such ``y`` with: work ``sum y q = S_j`` (E1-E2); per
     interval and type at most ``C_g * length`` GPU-seconds; without forking at most ``k_j * length`` per job
-    (E3); nothing before the job's release (its release rounded down to a grid point, a relaxation). Its mean
+    (E3); per job at most ``S_j / p_j * length`` work, ``p_j`` its alone time without start-up
+    (:func:`_alone_seconds`: no allocation runs it faster, and a co-located job's own rate is at most ``v``,
+    while ``q = u gamma`` would credit a lone single-GPU job the pair's gain); nothing before the job's release (its release rounded down to a grid point, a relaxation). Its mean
     busy time ``M_j`` (the work-weighted mean time of its processing) is at least ``sum_i f_ji a_i``, ``f_ji``
     the share of its work done in interval ``i``; it runs at most at its alone rate, so its work spans at least
     ``alone_j`` and ``C_j >= M_j + alone_j / 2``; and ``C_j >= r_j + alone_j``. Minimising
@@ -354,6 +356,10 @@ def _interval_lp(inst: _Instance, alone: np.ndarray, forks: bool, weight: np.nda
         for (j, i), cols in by_job_interval.items():
             model.addRow(0.0, float(inst.gpus[j] * lengths[i]), len(cols), np.array(cols, dtype=np.int32),
                          np.ones(len(cols)))
+    peak = inst.steps / _alone_seconds(inst, forks)  # S_j / p_j: no job's work goes faster (E1-E3)
+    for (j, i), cols in by_job_interval.items():
+        model.addRow(0.0, float(peak[j] * lengths[i]), len(cols), np.array(cols, dtype=np.int32),
+                     np.array([work[j, cells[c][1]] for c in cols]))
     model.run()
     if model.getModelStatus() != highspy.HighsModelStatus.kOptimal:
         return 0.0

@@ -141,3 +141,19 @@ def test_colocation_gain_only_speeds_up_single_gpu_jobs(monkeypatch: pytest.Monk
     by_gamma = instance_bounds(jobs, capacity, shared, colocates=True)
     assert by_gamma.makespan == pytest.approx(250.0)
     assert by_gamma.avg_jct >= (25 + 50 + 150 + 250) / 4 - 1e-6
+
+
+def test_no_job_works_faster_than_alone_in_the_interval_lp() -> None:
+    """x and y may share a V100 (1.6 times one job's rate), so the interval LP books a single-GPU job's
+    GPU-seconds at 1.6 steps each; yet no schedule runs one job faster than alone (1 step/s). Without a cap on
+    each job's work per interval the LP's sum of JCTs is 491.5 here; with it, above 500. A preemptive schedule
+    gives 548: y ends at 97, the 2-GPU job runs 97-146.5 while x waits, x ends at 454.5 (JCTs 424.5 + 67 + 56.5)."""
+    from slurmhet.sim.contention import ContentionModel
+    from slurmhet.sim.rates import RateModel
+
+    table = {"x": {"v100": 1.0}, "y": {"v100": 1.0}}
+    shared = RateModel(PairRates(table), ContentionModel(1.0, xi2=0.0), {t: 0.0 for t in table})
+    jobs = [TraceJob(0, "x", 1, 30.0, 375.0), TraceJob(1, "y", 1, 30.0, 67.0), TraceJob(2, "y", 2, 90.0, 99.0)]
+    bound = instance_bounds(jobs, {"v100": 2}, shared, colocates=True)
+    assert 500.0 < bound.weighted_jct <= 548.0 + 1e-6
+    assert bound.weighted_jct <= _brute_force(jobs, {"v100": 2}, shared)[2] + 1e-6
