@@ -19,8 +19,8 @@ from slurmhet.store.db import Database
 from slurmhet.failures import FailedRun, judge, tail
 from slurmhet.gpu_catalog import builtin
 from slurmhet.joblogs import stderr_file
-from slurmhet.store.models import ClusterSnapshot, Event, Job, JobState, SlurmJob
 from slurmhet.spec import parse_job
+from slurmhet.store.models import ClusterSnapshot, Event, Job, JobState, SlurmJob
 from slurmhet.store.records import add_event, list_jobs
 
 _FAILED = {"FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
@@ -282,10 +282,10 @@ def settle_failure(session: Session, job: Job, finished: Mapping[str, int]) -> b
     ends = [p.ended_at for p in failed if p.ended_at]
     total = parse_job(job.spec, f"store:job {job.id}").total_steps
     if finished.get(str(job.id), 0) >= total:
-        ids = ", ".join(sorted({p.target for p in failed}))
-        add_event(session, job, "state", f"{job.state.value} -> {JobState.COMPLETED.value}: Slurm job {ids} ended "
-                  f"FAILED after the command had finished all {total} steps (progress: done)",
-                  slurm_job_ids=sorted({p.target for p in failed}))
+        ids = sorted({p.target for p in failed})
+        add_event(session, job, "state", f"{job.state.value} -> {JobState.COMPLETED.value}: Slurm job "
+                  f"{', '.join(ids)} ended FAILED after the command had finished all {total} steps (progress: done)",
+                  slurm_job_ids=ids)
         job.state, job.reason = JobState.COMPLETED, ""
         job.ended_at = max(ends) if ends else job.ended_at
         return True
