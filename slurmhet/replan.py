@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from slurmhet.cluster import Inventory
 from slurmhet.config import Settings
 from slurmhet.planner import Allocation
-from slurmhet.runtime.progress import ProgressRecord, finished_steps, job_steps, read_progress
+from slurmhet.runtime.progress import ProgressRecord, job_steps, read_progress
 from slurmhet.slurm.client import SlurmClient
 from slurmhet.slurm.limits import PartitionRecord
 from slurmhet.slurm.parsers import QueueRecord
@@ -358,7 +358,7 @@ class Replanner:
         records = read_progress(self.settings.progress_dir)
         with self.db.transaction() as session:
             jobs = list_jobs(session, states=UNPLACED + PLACED)
-            sync_jobs(session, jobs, view, finished_steps(records))
+            sync_jobs(session, jobs, view, self.settings.progress_dir)
             mine = [j for j in jobs if j.owner == self.owner]
             result.actions += adopt_orphans(session, mine, queue, self.db.instance, self.owner)
             # A forked job's round ending is the Job Tracker's to judge (next round, or done): see job_tracker.

@@ -29,7 +29,7 @@ from slurmhet.forking import DEFAULT_ROUND_S, ForkedJob, job_forker
 from slurmhet.planner import (
     POLICIES, QUEUE_PREPARE, Allocation, JobPlan, Plan, PlanningInput, Progress, plan_job_from_spec,
 )
-from slurmhet.runtime.progress import finished_steps, job_steps, read_progress
+from slurmhet.runtime.progress import job_steps, read_progress
 from slurmhet.slurm.client import SlurmClient
 from slurmhet.slurm.parsers import QueueRecord
 from slurmhet.slurm.profile import SiteProfile
@@ -580,10 +580,9 @@ def submit_new(db: Database | None, dispatcher_args: tuple[SlurmClient, SiteProf
         # before the write transaction, so other commands are not kept waiting for the store.
         view, queue = ask_slurm(db, client, UNPLACED + PLACED)
         shared = shared.with_queue(queue, db.instance, now)
-        finished = finished_steps(read_progress(settings.progress_dir))
         with db.transaction() as session:
             jobs = list_jobs(session, states=UNPLACED + PLACED)
-            sync_jobs(session, jobs, view, finished)
+            sync_jobs(session, jobs, view, settings.progress_dir)
             adopt_orphans(session, [j for j in jobs if j.owner == owner], queue, db.instance, owner)
             found = dependency_verdicts(session, jobs)
             cancel_doomed(session, [j for j in jobs if j.owner == owner], found.doomed, client.cancel)

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Iterable, Sequence
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -19,6 +20,7 @@ from slurmhet.store.db import Database
 from slurmhet.failures import FailedRun, judge, tail
 from slurmhet.gpu_catalog import builtin
 from slurmhet.joblogs import stderr_file
+from slurmhet.runtime.progress import finished_steps, read_progress
 from slurmhet.spec import parse_job
 from slurmhet.store.models import ClusterSnapshot, Event, Job, JobState, SlurmJob
 from slurmhet.store.records import add_event, list_jobs
@@ -180,11 +182,11 @@ def ask_slurm(db: Database, client: SlurmClient, states: Sequence[JobState]) -> 
     return view, client.queue()
 
 
-def sync_jobs(session: Session, jobs: list[Job], view: SlurmView, finished: Mapping[str, int]) -> int:
+def sync_jobs(session: Session, jobs: list[Job], view: SlurmView, progress_dir: Path) -> int:
     """Refresh parts of non-final jobs from a view; returns how many jobs changed state.
 
-    Parts the view does not know (submitted after it was fetched) keep their state. ``finished``: the
-    steps each job's command finished with (``progress.finished_steps``), for :func:`settle_failure`.
+    Parts the view does not know (submitted after it was fetched) keep their state. ``progress_dir``: the
+    jobs' progress files, which :func:`settle_failure` reads for a job whose run failed.
     """
     for part in _live_parts(jobs):
         status = view.status(part)
@@ -212,7 +214,7 @@ def sync_jobs(session: Session, jobs: list[Job], view: SlurmView, finished: Mapp
             # A forked round ends with its consolidation, which leaves out copies that failed or were cut off
             # with their node. Consolidated: only the replanner's Job Tracker knows if steps are left.
             new = None if round_part.state == "COMPLETED" else job_state_from_parts([round_part])
-        if new is JobState.FAILED and settle_failure(session, job, finished):
+        if new is JobState.FAILED and settle_failure(session, job, progress_dir):
             changed += 1
             continue
         if new is not None and new != job.state:
@@ -267,12 +269,13 @@ def _allowed_types(session: Session, job: Job) -> tuple[str, ...]:
     return tuple(sorted({t for node in (last.nodes if last else {}).values() for t in node.get("gpus", {})}))
 
 
-def settle_failure(session: Session, job: Job, finished: Mapping[str, int]) -> bool:
+def settle_failure(session: Session, job: Job, progress_dir: Path) -> bool:
     """A job whose current run just failed: retried (back to PENDING, the run's parts retired, off the types
     that ran out of memory) or FAILED with the reason and its stderr's tail; True when this decided its state.
 
-    A job whose command already finished all its steps (``finished``, from the progress files) is COMPLETED
-    instead: a later run that fails (a late requeue, an epilog) has no work left to lose or to redo.
+    A job whose command already finished all its steps (a progress record ``done`` with exit 0 in
+    ``progress_dir``) is COMPLETED instead: a later run that fails (a late requeue, an epilog) has no work
+    left to lose or to redo.
     """
     parts = [p for p in job.slurm_jobs if p.current]
     if not parts or any(p.role not in _JUDGED_ROLES for p in parts):
@@ -281,7 +284,7 @@ def settle_failure(session: Session, job: Job, finished: Mapping[str, int]) -> b
     starts = [p.started_at for p in failed if p.started_at]
     ends = [p.ended_at for p in failed if p.ended_at]
     total = parse_job(job.spec, f"store:job {job.id}").total_steps
-    if finished.get(str(job.id), 0) >= total:
+    if finished_steps(read_progress(progress_dir, str(job.id))).get(str(job.id), 0) >= total:
         ids = sorted({p.target for p in failed})
         add_event(session, job, "state", f"{job.state.value} -> {JobState.COMPLETED.value}: Slurm job "
                   f"{', '.join(ids)} ended FAILED after the command had finished all {total} steps (progress: done)",

@@ -60,7 +60,6 @@ def status(obj: Context, job_id: int | None, as_json: bool, all_users: bool) -> 
     with an ID, that job in full (spec, plan, speeds, Slurm parts, times, log files, events)."""
     from slurmhet.jobview import slurm_dependency
     from slurmhet.submission import current_user, dependency_verdicts
-    from slurmhet.runtime.progress import finished_steps, read_progress
     from slurmhet.sync import fetch_view, restarts, sync_jobs
 
     if job_id is not None:
@@ -78,7 +77,7 @@ def status(obj: Context, job_id: int | None, as_json: bool, all_users: bool) -> 
     files = _log_files(obj)
     with obj.db.transaction() as session:
         jobs = _visible_jobs(obj, session, all_users)
-        sync_jobs(session, jobs, view, finished_steps(read_progress(obj.settings.progress_dir)))
+        sync_jobs(session, jobs, view, obj.settings.progress_dir)
         held = dependency_verdicts(session, jobs).held  # predecessors as they stand now, not at the last plan
         logs = {j.id: _log_parts(obj, j, files) for j in jobs}
         rows = [{
@@ -259,7 +258,6 @@ def _log_parts(obj: Context, job: Any, files: list[Path] | None = None) -> list[
 
 def _refresh(obj: Context, job_id: int) -> Any:
     """The job re-read after syncing its parts with Slurm (a Slurm that does not answer leaves it as stored)."""
-    from slurmhet.runtime.progress import finished_steps, read_progress
     from slurmhet.sync import fetch_view, sync_jobs
 
     with obj.db.snapshot() as session:
@@ -271,7 +269,7 @@ def _refresh(obj: Context, job_id: int) -> Any:
     with obj.db.transaction() as session:
         job = _own_job(obj, session, job_id)
         if view is not None:
-            sync_jobs(session, [job], view, finished_steps(read_progress(obj.settings.progress_dir)))
+            sync_jobs(session, [job], view, obj.settings.progress_dir)
         session.expunge_all()
         return job
 

@@ -105,8 +105,8 @@ def read_record(path: Path) -> ProgressRecord | None:
         return None
 
 
-def read_progress(directory: str | Path) -> list[ProgressRecord]:
-    """All readable records in ``directory`` (sorted by job, Slurm job, rank).
+def read_progress(directory: str | Path, job_id: str | None = None) -> list[ProgressRecord]:
+    """All readable records in ``directory`` (sorted by job, Slurm job, rank); only ``job_id``'s when given.
 
     Foreign or malformed files are skipped with a note on stderr rather than
     failing: the replanner must keep planning when one job wrote garbage.
@@ -115,7 +115,7 @@ def read_progress(directory: str | Path) -> list[ProgressRecord]:
     if not base.is_dir():
         return []
     records = []
-    for path in sorted(base.glob("*.json")):
+    for path in sorted(base.glob("*.json" if job_id is None else f"{job_id}.*.json")):
         record = read_record(path)
         if record is None:
             print(f"slurmhet: skipping unreadable progress file {path}", file=sys.stderr)

@@ -7,6 +7,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from slurmhet.failures import MAX_QUICK_FAILURES, FailedRun, judge, tail
+from slurmhet.runtime.progress import ProgressRecord, progress_path, write_progress
 from slurmhet.spec import load_text
 from slurmhet.store import Database, Event, JobState, SlurmJob, create_job
 from slurmhet.store.models import ClusterSnapshot
@@ -81,12 +82,12 @@ def test_a_start_up_crash_is_retried_once_then_failed_with_its_stderr(tmp_path: 
         job = create_job(session, SPEC, "alice", "f.yaml")
         job.state = JobState.RUNNING
         _run(job, "501", "t4", tmp_path, "".join(f"line {i}\n" for i in range(30)) + "ImportError: no x\n")
-        assert settle_failure(session, job, {})
+        assert settle_failure(session, job, tmp_path)
         assert job.state is JobState.PENDING and job.reason == "failed 8 s after it started (exit 1:0); retried once"
         assert [p.role for p in job.slurm_jobs] == ["retried"]  # its run is kept (logs) but speaks no more
         job.state = JobState.RUNNING
         _run(job, "502", "t4", tmp_path, "ImportError: no x\n")
-        assert settle_failure(session, job, {})
+        assert settle_failure(session, job, tmp_path)
         assert job.state is JobState.FAILED and job.reason.startswith("failed 2 times within 5 min")
         (last,) = session.query(Event).filter(Event.job_id == job.id, Event.kind == "failed").all()
         assert last.data["stderr_tail"] == ["ImportError: no x"] and last.data["exit_code"] == "1:0"
@@ -102,7 +103,7 @@ def test_gpu_oom_narrows_the_jobs_types_to_those_with_more_memory(tmp_path: Path
         job = create_job(session, SPEC, "alice", "f.yaml")  # any type: the cluster's types are the choice
         job.state = JobState.RUNNING
         _run(job, "601", "k80", tmp_path, "torch.OutOfMemoryError: CUDA out of memory.\n", seconds=30)
-        assert settle_failure(session, job, {})
+        assert settle_failure(session, job, tmp_path)
         assert job.state is JobState.PENDING and job.reason == "GPU out of memory on k80 (12 GB); re-planned on t4, v100"
         assert job.spec["gpus"]["types"] == ["t4", "v100"]
 
@@ -112,24 +113,35 @@ def test_packs_and_forked_rounds_are_left_to_fail_as_before(tmp_path: Path) -> N
     with db.transaction() as session:
         job = create_job(session, SPEC, "alice", "f.yaml")
         job.slurm_jobs.append(SlurmJob(slurm_job_id="701", role="pack", state="FAILED"))
-        assert not settle_failure(session, job, {})
+        assert not settle_failure(session, job, tmp_path)
+
+
+def _progress(directory: Path, job_id: int, slurm_id: str, steps: int, state: str, exit_code: int | None) -> None:
+    write_progress(progress_path(directory, str(job_id), slurm_id, 0), ProgressRecord(
+        job_id=str(job_id), slurm_job_id=slurm_id, rank=0, gpu_type="t4", node="nodeb", steps_done=steps,
+        samples_done=steps * 2, samples_per_second=4.0, epoch=0, updated_at=1.0, emulated=True, state=state,
+        exit_code=exit_code))
 
 
 def test_a_run_that_fails_after_the_command_finished_every_step_completes_the_job(tmp_path: Path) -> None:
     """Slurm 24.11 may requeue a preempted job once more after it completed; that run failing loses no work."""
     db = Database(f"sqlite:///{tmp_path}/s.db")
+    progress = tmp_path / "progress"
     with db.transaction() as session:
         job = create_job(session, SPEC, "alice", "f.yaml")  # work: 3 steps
         job.state = JobState.RUNNING
+        _progress(progress, job.id, "800", 3, "done", 0)  # the run before: all 3 steps, exit 0
         _run(job, "801", "t4", tmp_path, "", seconds=5)
-        assert settle_failure(session, job, {str(job.id): 3})
+        assert settle_failure(session, job, progress)
         assert job.state is JobState.COMPLETED and job.reason == ""
         assert job.ended_at == T0 + timedelta(seconds=5)
         assert [p.role for p in job.slurm_jobs] == ["batch"]  # not retired: nothing is resubmitted
         (event,) = session.query(Event).filter(Event.job_id == job.id, Event.kind == "state").all()
         assert "Slurm job 801 ended FAILED after the command had finished all 3 steps" in event.message
-        other = create_job(session, SPEC, "alice", "f.yaml")  # 2 of 3 steps done: a quick failure, retried
-        other.state = JobState.RUNNING
-        _run(other, "802", "t4", tmp_path, "", seconds=5)
-        assert settle_failure(session, other, {str(other.id): 2, str(job.id): 3})
-        assert other.state is JobState.PENDING
+        for steps, state, code in ((2, "done", 0), (3, "failed", 1), (3, "running", None)):
+            other = create_job(session, SPEC, "alice", "f.yaml")  # not finished: a quick failure, retried
+            other.state = JobState.RUNNING
+            _progress(progress, other.id, "802", steps, state, code)
+            _run(other, "803", "t4", tmp_path, "", seconds=5)
+            assert settle_failure(session, other, progress)
+            assert other.state is JobState.PENDING, (steps, state, code)

@@ -49,13 +49,13 @@ def test_a_requeue_is_an_event_and_a_restart_once(tmp_path: Path) -> None:
         session.flush()
         assert restarts(job) == 0
         view = SlurmView(queue=(_queued("PENDING", REQUEUE_HOLD, 1),))
-        sync_jobs(session, [job], view, {})
-        sync_jobs(session, [job], view, {})  # seen again: the same requeue, not a second one
+        sync_jobs(session, [job], view, tmp_path)
+        sync_jobs(session, [job], view, tmp_path)  # seen again: the same requeue, not a second one
         assert job.state is JobState.SUBMITTED and restarts(job) == 1 and requeued(job)
         (event,) = session.scalars(select(Event).where(Event.kind == "requeued")).all()
         assert event.message.startswith("Slurm requeued 70 after it ran on nodec (restart 1")
         assert requeue_held(job) == ("70",)  # held by Slurm: replan releases it
-        sync_jobs(session, [job], SlurmView(queue=(_queued("RUNNING", "None", 1),)), {})
+        sync_jobs(session, [job], SlurmView(queue=(_queued("RUNNING", "None", 1),)), tmp_path)
         assert job.state is JobState.RUNNING and requeue_held(job) == () and restarts(job) == 1
 
 
@@ -151,7 +151,7 @@ def test_a_forked_round_is_judged_by_its_consolidation_not_by_a_copy_cut_off(tmp
                         SlurmJob(slurm_job_id="81", role="consolidation", state=consolidation))
         averaged, failed, waiting = round_with("COMPLETED"), round_with("FAILED"), round_with("PENDING")
         session.flush()
-        sync_jobs(session, [averaged, failed, waiting], SlurmView(), {})
+        sync_jobs(session, [averaged, failed, waiting], SlurmView(), tmp_path)
         # Consolidated without the two copies: the Job Tracker (replan) decides on the next round.
         assert averaged.state is JobState.RUNNING
         assert failed.state is JobState.FAILED  # no copy left a checkpoint

@@ -35,6 +35,13 @@ def test_records_round_trip_and_garbage_is_skipped(tmp_path: Path, capsys: pytes
     assert read_progress(tmp_path / "missing") == []
 
 
+def test_one_jobs_records_are_read_alone(tmp_path: Path) -> None:
+    for job, slurm in (("1", "900"), ("1", "901"), ("12", "902"), ("21", "903")):
+        write_progress(progress_path(tmp_path, job, slurm, 0), _record(job, slurm, 0, 5))
+    assert [(r.job_id, r.slurm_job_id) for r in read_progress(tmp_path, "1")] == [("1", "900"), ("1", "901")]
+    assert len(read_progress(tmp_path)) == 4 and read_progress(tmp_path, "7") == []
+
+
 def test_finished_steps_counts_only_runs_whose_command_exited_0_done() -> None:
     done = replace(_record("a", "100", 0, 60, state="done"), exit_code=0)
     failed = replace(_record("b", "200", 0, 60, state="failed"), exit_code=1)

@@ -70,7 +70,7 @@ def test_sync_reads_final_states_from_sacct(rec: Recorded, tmp_path: Path) -> No
         from slurmhet.store import list_jobs
 
         jobs = list_jobs(session)
-        assert sync_jobs(session, jobs, fetch_view(SlurmCli(runner), jobs), {}) == 3
+        assert sync_jobs(session, jobs, fetch_view(SlurmCli(runner), jobs), tmp_path) == 3
         states = {j.id: j.state for j in jobs}
         # The failed job failed at start-up: sync reads that and, by the failure rules, retries it once.
         assert states == {1: JobState.COMPLETED, 2: JobState.PENDING, 3: JobState.COMPLETED}
@@ -99,7 +99,7 @@ def test_sync_leaves_a_forked_round_open_for_the_job_tracker(rec: Recorded, tmp_
         from slurmhet.store import list_jobs
 
         jobs = list_jobs(session)
-        assert sync_jobs(session, jobs, fetch_view(SlurmCli(FakeRunner(_answers(rec))), jobs), {}) == 1
+        assert sync_jobs(session, jobs, fetch_view(SlurmCli(FakeRunner(_answers(rec))), jobs), tmp_path) == 1
         assert [p.state for j in jobs for p in j.slurm_jobs] == ["COMPLETED", "COMPLETED"]
         assert [j.state for j in jobs] == [JobState.RUNNING, JobState.COMPLETED]
 
