@@ -293,10 +293,11 @@ def _interval_lp(inst: _Instance, alone: np.ndarray, forks: bool, weight: np.nda
     interval and type at most ``C_g * length`` GPU-seconds; without forking at most ``k_j * length`` per job
     (E3); per job at most ``S_j / p_j * length`` work, ``p_j`` its alone time without start-up
     (:func:`_alone_seconds`: no allocation runs it faster, and a co-located job's own rate is at most ``v``,
-    while ``q = u gamma`` would credit a lone single-GPU job the pair's gain); nothing before the job's release (its release rounded down to a grid point, a relaxation). Its mean
-    busy time ``M_j`` (the work-weighted mean time of its processing) is at least ``sum_i f_ji a_i``, ``f_ji``
-    the share of its work done in interval ``i``; it runs at most at its alone rate, so its work spans at least
-    ``alone_j`` and ``C_j >= M_j + alone_j / 2``; and ``C_j >= r_j + alone_j``. Minimising
+    while ``q = u gamma`` would credit a lone single-GPU job the pair's gain); nothing before the job's
+    release (its release rounded down to a grid point, a relaxation). Its mean busy time ``M_j`` (the
+    work-weighted mean time of its processing) is at least ``sum_i f_ji a_i``, ``f_ji`` the share of its work
+    done in interval ``i``; it runs at most at its alone rate, so its work spans at least ``alone_j`` and
+    ``C_j >= M_j + alone_j / 2``; and ``C_j >= r_j + alone_j``. Minimising
     ``sum w_j C_j`` under these constraints so bounds every schedule's.
     """
     n, m = inst.u.shape
