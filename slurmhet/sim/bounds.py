@@ -108,19 +108,20 @@ def instance_bounds(jobs: Sequence[TraceJob], capacity: Mapping[str, int], rates
     inst = _instance(jobs, capacity, rates, colocates)
     if len(inst.steps) == 0:
         return InstanceBounds(0.0, 0.0, 0.0)
-    alone = _alone_seconds(inst, forks) + start_s
+    running = _alone_seconds(inst, forks)
+    alone = running + start_s
     pooled = inst.steps / _work(inst).max(axis=1)  # p_j, GPU-seconds
     total = float(inst.capacity.sum())
     rho = np.ones(len(pooled)) if forks else np.minimum(1.0, inst.gpus / total)
     first = float(inst.arrival.min())
     makespan = max(float((inst.arrival + alone).max()) - first, _fluid_makespan(inst, forks) - first)
     srpt = _srpt_completions(inst.arrival, pooled / total)
-    unweighted_lp = _interval_lp(inst, alone, forks, np.ones(len(pooled)), makespan)
+    unweighted_lp = _interval_lp(inst, alone, running, forks, np.ones(len(pooled)), makespan)
     jct_sum = max(float((srpt - inst.arrival).sum()), float(alone.sum()), unweighted_lp)
     busy = _wspt_mean_busy(inst.arrival, pooled / total, inst.weight)
     same_weights = bool(np.all(inst.weight == inst.weight[0]))
     weighted_lp = (unweighted_lp * float(inst.weight[0]) if same_weights
-                   else _interval_lp(inst, alone, forks, inst.weight, makespan))
+                   else _interval_lp(inst, alone, running, forks, inst.weight, makespan))
     weighted = max(float((inst.weight * (busy + pooled / (total * rho) / 2 - inst.arrival)).sum()),
                    float((inst.weight * alone).sum()), weighted_lp)
     return InstanceBounds(makespan, jct_sum / len(pooled), weighted)
@@ -280,7 +281,8 @@ def _fluid_time(inst: _Instance, members: np.ndarray, forks: bool) -> float:
     return float(model.getSolution().col_value[t_col])
 
 
-def _interval_lp(inst: _Instance, alone: np.ndarray, forks: bool, weight: np.ndarray, horizon: float) -> float:
+def _interval_lp(inst: _Instance, alone: np.ndarray, running: np.ndarray, forks: bool, weight: np.ndarray,
+                 horizon: float) -> float:
     """sum_j w_j (C_j - r_j) >= the optimum of an interval-indexed LP (Hall, Schulz, Shmoys and Wein's
     relaxation, per GPU type); 0 when the LP would be too large or is not solved.
 
@@ -291,7 +293,7 @@ def _interval_lp(inst: _Instance, alone: np.ndarray, forks: bool, weight: np.nda
     share a GPU, the pair's two bookings summing to at most the shared GPU-seconds; ``u`` for a multi-GPU job,
     whose GPU-seconds are its own). Every schedule gives such ``y`` with: work ``sum y q = S_j`` (E1-E2); per
     interval and type at most ``C_g * length`` GPU-seconds; without forking at most ``k_j * length`` per job
-    (E3); per job at most ``S_j / p_j * length`` work, ``p_j`` its alone time without start-up
+    (E3); per job at most ``S_j / p_j * length`` work, ``p_j`` = ``running``, its alone time without start-up
     (:func:`_alone_seconds`: no allocation runs it faster, and a co-located job's own rate is at most ``v``,
     while ``q = u gamma`` would credit a lone single-GPU job the pair's gain); nothing before the job's
     release (its release rounded down to a grid point, a relaxation). Its mean busy time ``M_j`` (the
@@ -357,7 +359,7 @@ def _interval_lp(inst: _Instance, alone: np.ndarray, forks: bool, weight: np.nda
         for (j, i), cols in by_job_interval.items():
             model.addRow(0.0, float(inst.gpus[j] * lengths[i]), len(cols), np.array(cols, dtype=np.int32),
                          np.ones(len(cols)))
-    peak = inst.steps / _alone_seconds(inst, forks)  # S_j / p_j: no job's work goes faster (E1-E3)
+    peak = inst.steps / running  # S_j / p_j: no job's work goes faster (E1-E3)
     for (j, i), cols in by_job_interval.items():
         model.addRow(0.0, float(peak[j] * lengths[i]), len(cols), np.array(cols, dtype=np.int32),
                      np.array([work[j, cells[c][1]] for c in cols]))
