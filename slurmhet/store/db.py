@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import sqlite3
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -33,15 +35,37 @@ def _alembic_config(engine: Engine) -> Config:
     return cfg
 
 
+#: Seconds a command waits for another process's lock on the SQLite store (its busy timeout).
+SQLITE_BUSY_S = 60.0
+
+
 def _sqlite_connect(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
     # pysqlite must not open transactions itself: our BEGIN IMMEDIATE is the only BEGIN,
     # so a command's read-then-write cannot interleave with another process's.
     dbapi_conn.isolation_level = None
     cursor = dbapi_conn.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA busy_timeout=60000")
+    cursor.execute(f"PRAGMA busy_timeout={int(SQLITE_BUSY_S * 1000)}")
+    _enter_wal(cursor)
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
+
+
+def _enter_wal(cursor: sqlite3.Cursor) -> None:
+    """Switch the file to WAL, waiting out other processes' locks as the busy timeout would.
+
+    SQLite answers ``PRAGMA journal_mode=WAL`` with "database is locked" at once, without its busy
+    handler, while another connection writes a file that is not in WAL yet: the race of several
+    commands opening a fresh store together. Once the file is in WAL the pragma takes no lock.
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_S
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
 
 
 _READ_ONLY = "slurmhet_read_only"
@@ -59,7 +83,7 @@ def make_engine(url: str) -> Engine:
     path = url.split("///", 1)[-1]
     if path and path != ":memory:":
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-    engine = create_engine(url, connect_args={"timeout": 60})
+    engine = create_engine(url, connect_args={"timeout": SQLITE_BUSY_S})
     event.listen(engine, "connect", _sqlite_connect)
     event.listen(engine, "begin", _sqlite_begin)
     return engine

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import multiprocessing
+import sqlite3
+import threading
 import time
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -63,6 +65,28 @@ def test_sqlite_concurrent_first_open(tmp_path: Path) -> None:
     with multiprocessing.get_context("spawn").Pool(6) as pool:
         ids = pool.map(_open_and_store, [url] * 12)
     assert sorted(ids) == list(range(1, 13))
+
+
+def test_sqlite_open_waits_for_a_writer_before_the_file_is_in_wal(tmp_path: Path) -> None:
+    """SQLite refuses ``journal_mode=WAL`` at once, busy timeout or not, while another connection writes a
+    file still in rollback mode (several commands opening a fresh store together); the open waits instead."""
+    path = tmp_path / "fresh.db"
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("CREATE TABLE other_tool (x)")
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("INSERT INTO other_tool VALUES (1)")  # the write lock is held, the file is not in WAL
+    with pytest.raises(sqlite3.OperationalError, match="locked"):  # what the open used to fail on
+        sqlite3.connect(path, timeout=5, isolation_level=None).execute("PRAGMA journal_mode=WAL")
+    releaser = threading.Timer(0.5, other.execute, ("COMMIT",))
+    releaser.start()
+    start = time.monotonic()
+    db = Database(f"sqlite:///{path}")
+    releaser.join()
+    assert time.monotonic() - start >= 0.4
+    with db.snapshot() as session:
+        assert session.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+        assert list_jobs(session) == []
+    other.close()
 
 
 def _open_and_read(url: str) -> float:
