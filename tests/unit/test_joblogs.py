@@ -104,3 +104,43 @@ def test_job_detail_says_what_was_asked_planned_measured_and_where_output_is() -
     assert "JCT 720 s; restarted 1 time(s)" in text
     assert "plan: nodea:v100x2 (slurmhet)" in text and "predicted JCT 600 s" in text
     assert "Slurm 30+0 [het] 2xv100 on nodea: COMPLETED, exit 0:0, starts after afterok:29" in text and "log: /l/slurmhet-5-30.out" in text
+
+
+def test_follow_names_a_part_started_after_the_first_sync_as_started(tmp_path: Path, monkeypatch) -> None:
+    """The race CI met on Slurm 26.05: the first sync reads PENDING, the job starts and writes its file at
+    once; the part's header must still name its nodes and RUNNING, read by a sync after the file appeared."""
+    from click.testing import CliRunner
+
+    from slurmhet.cli import jobs as cli_jobs
+    from slurmhet.cli import main
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    out = logs / "slurmhet-7-62.out"
+
+    def job(state: JobState, part_state: str, nodes: str) -> SimpleNamespace:
+        part = SimpleNamespace(slurm_job_id="62", role="het", submitted_at=at(0), state=part_state, gpu_type="v100",
+                               gpu_count=4, nodes=nodes, array_task=None, het_offset=0, round=0)
+        return SimpleNamespace(state=state, reason="", slurm_jobs=[part])
+
+    syncs = [job(JobState.SUBMITTED, "PENDING", ""), job(JobState.RUNNING, "RUNNING", "nodea"),
+             job(JobState.COMPLETED, "COMPLETED", "nodea")]
+
+    def refresh(_obj: object, _job_id: int) -> SimpleNamespace:
+        answer = syncs.pop(0)
+        if answer.state is JobState.SUBMITTED:
+            out.write_text("start\n")  # the job starts right after squeue said PENDING
+        else:
+            out.write_text("start\nend\n")
+        return answer
+
+    monkeypatch.setattr(cli_jobs, "_refresh", refresh)
+    clock = [0.0]  # `--follow` waits a second between reads and syncs every 5 s: a clock the waits advance
+    monkeypatch.setattr("time.sleep", lambda s: clock.__setitem__(0, clock[0] + s))
+    monkeypatch.setattr("time.monotonic", lambda: clock[0])
+    monkeypatch.setenv("SLURMHET_STATE_DIR", str(tmp_path))
+    result = CliRunner().invoke(main, ["logs", "--follow", "7"])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == ["==> part 1: Slurm job 62 (het; 4xv100 on nodea; RUNNING) <==", "start",
+                                          "end", "==> job 7 COMPLETED <=="]
+    assert not syncs
