@@ -262,8 +262,14 @@ def _forked(job_id: int, spec: JobSpec, launch: Launch, copies: Sequence[Allocat
                                plan_env=(("SLURMHET_ROUND_STEPS", str(steps)),) if steps is not None else ())
         parts += [Part(chunk) for chunk in request.chunks(profile.max_array_size)]
         first += len(nodes)
-    # It needs no GPU; it runs where the copies' type lives (the first copy's, when copies differ).
-    common = _common(job_id, spec, settings, copies[0].slots[0][1], profile=profile)
+    # It needs no GPU: it runs in the first of the copies' types' partitions that can start it (Slurm's list of
+    # partitions). Pinned to the first copy's alone, it waited for good once that partition's nodes drained
+    # after the copies ended (a node Slurm drains for "Kill task failed" across a controller restart).
+    types = list(dict.fromkeys(copy.slots[0][1] for copy in copies))
+    partitions = [partition_for(spec, settings, t) for t in types]
+    common = _common(job_id, spec, settings, types[0], profile=profile)
+    if len(set(partitions)) > 1 and None not in partitions:  # None: Slurm's default partition, which has no name here
+        common = replace(common, partition=",".join(dict.fromkeys(p for p in partitions if p)))
     consolidation = ConsolidationRequest(common, settings.slurmhet, spec.checkpoint_dir, tuple(range(first)),
                                          round=round, then=settings.after_consolidation,
                                          env=(("SLURMHET_JOB_ID", str(job_id)), *settings.env))

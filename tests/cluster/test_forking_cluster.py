@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import textwrap
 import time
@@ -104,3 +105,47 @@ def test_local_sgd_job_forks_consolidates_and_finishes_over_rounds(tmp_path: Pat
         assert not [a for a in replan_again["actions"] if f"job {job_id}" in a]  # idempotent: nothing more
     else:
         assert not arrays  # the cluster was busy: the plan ran the job as one gang
+
+
+def _squeue(*args: str) -> str:
+    return subprocess.run(["squeue", "-h", *args], capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+
+
+def test_a_round_consolidates_on_another_copy_type_when_the_first_ones_nodes_drain(tmp_path: Path, state_dir: Path,
+                                                                                  leftovers: list[str]) -> None:
+    """A node drained under a round's copies (Slurm drains one for "Kill task failed" across a controller
+    restart, as a chaos run met) must not hold its consolidation: it goes to any of the copies' partitions."""
+    deadline = time.monotonic() + 60  # the copies need a node of each type: let earlier tests' jobs leave
+    while _squeue("-o", "%i"):
+        assert time.monotonic() < deadline, "the dev cluster did not empty"
+        time.sleep(1)
+    env = {"SLURMHET_EMULATE_THROUGHPUT": "1", "SLURMHET_FORK_ROUND_S": "8",
+           "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    checkpoints = tmp_path / "ckpt"
+    checkpoints.mkdir()
+    spec = _spec(tmp_path / "fork.yaml", checkpoints)
+    spec.write_text(spec.read_text().replace(f"steps: {STEPS}}}", "steps: 5000}").replace(
+        f'"--steps", "{STEPS}"', '"--steps", "5000"'))
+    out = json.loads(cli("submit", "--json", str(spec), state=state_dir, env=env).stdout)["jobs"][0]
+    leftovers.extend(out["slurm_job_ids"])
+    parts = status(state_dir, env=env)[out["job_id"]]["slurm"]
+    copies = [p["id"] for p in parts if p["role"] == "array"]
+    [consolidation] = [p["id"] for p in parts if p["role"] == "consolidation"]
+    assert len(copies) == 3, parts  # an idle cluster: one copy per node, each of its own type
+    partitions = _squeue("-j", consolidation, "-o", "%P").split(",")
+    assert len(partitions) == 3, partitions  # the copies' three types' partitions, the first copy's first
+    first = subprocess.run(["sinfo", "-h", "-p", partitions[0], "-o", "%N"], capture_output=True, text=True,
+                           timeout=30, check=True).stdout.strip()
+    assert first in ("nodea", "nodeb", "nodec"), first  # one node per type's partition on the dev cluster
+    while _squeue("-j", ",".join(copies), "-t", "PENDING", "-o", "%i"):  # drained, a pending copy would not start
+        assert time.monotonic() < deadline + 60, "the copies did not start"
+        time.sleep(0.5)
+    subprocess.run(["scontrol", "update", f"nodename={first}", "state=drain", "reason=slurmhet test"], check=True,
+                   timeout=30)
+    try:
+        # Pinned to the first copy's partition, it would wait there for good (sacct would never have it final).
+        [record] = [r for r in accounting([consolidation], timeout=150) if not r.id.is_step]
+        assert record.state == "COMPLETED" and record.nodes and first not in record.nodes.split(","), record
+    finally:
+        subprocess.run(["scontrol", "update", f"nodename={first}", "state=resume"], timeout=30)
+        cli("cancel", str(out["job_id"]), state=state_dir, env=env, check=False)

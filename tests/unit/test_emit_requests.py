@@ -204,8 +204,19 @@ def test_forked_and_packed_parts_take_their_types_partition() -> None:
     spec = _spec(sync="local-sgd", checkpoint_dir="/ckpt")
     parts = requests_for(1, spec, _plan(copies[0].slots), PROFILE, TYPED, copies=copies)
     argvs = [p.resolved(["11", "12"]).materialize().argv for p in parts]
-    assert [_opts(a, "partition") for a in argvs] == [["v100"], ["t4"], ["v100"]]  # consolidation: the first copy's
+    # The consolidation needs no GPU: any of the copies' partitions, the first copy's first, so that one whose
+    # nodes drained after the copies ran does not hold it (Slurm starts it in the first that can).
+    assert [_opts(a, "partition") for a in argvs] == [["v100"], ["t4"], ["v100,t4"]]
     assert [_opts(a, "nodelist") for a in argvs] == [["nodea"], [], []]  # copies as before
+    one_type = requests_for(1, spec, _plan(copies[1].slots), PROFILE, TYPED, copies=copies[1:])
+    assert _opts(one_type[-1].resolved(["11"]).materialize().argv, "partition") == ["t4"]
+    # A copy type without a partition goes to Slurm's default, which a list cannot name: the first copy's, as before.
+    lone = EmitSettings("/logs", LAUNCH.launcher, ("slurmhet",), partitions={"v100": "v100"})
+    default = requests_for(1, spec, _plan(copies[0].slots), PROFILE, lone, copies=copies)
+    assert _opts(default[-1].resolved(["11", "12"]).materialize().argv, "partition") == ["v100"]
+    site = EmitSettings("/logs", LAUNCH.launcher, ("slurmhet",), partition="site", partitions=PARTITIONS)
+    assert _opts(requests_for(1, spec, _plan(copies[0].slots), PROFILE, site, copies=copies)[-1]
+                 .resolved(["11", "12"]).materialize().argv, "partition") == ["site"]
     plans = [(i, _spec(), _plan((("nodeb", "t4", 1),))) for i in (1, 2)]
     pack = pack_parts(plans, PROFILE, TYPED, _inventory())[0].request.materialize().argv
     assert _opts(pack, "partition") == ["t4"] and _opts(pack, "nodelist") == ["nodeb"]
