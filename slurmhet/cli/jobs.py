@@ -398,18 +398,17 @@ def logs(obj: Context, job_id: int, follow: bool, part_no: int | None, stderr: b
         return [(number, part, path) for number, part in listed
                 if (part_no is None or number == part_no) and (path := part.stderr if stderr else part.path)]
 
-    def sync() -> tuple[Any, list[Path], float]:
+    def sync() -> tuple[Any, list[tuple[int, Any]], float]:
         # Files are listed before the sync: Slurm starts a part before its file exists, so a listed part's
         # header names its started state and nodes, not a PENDING read just before the file appeared. A job
         # that has ended starts no part, so its files are listed again: none that began meanwhile is missed.
         files = _log_files(obj)
         job = _refresh(obj, job_id)
-        return job, (_log_files(obj) if job.state.final else files), time.monotonic()
+        return job, numbered(_log_parts(obj, job, _log_files(obj) if job.state.final else files)), time.monotonic()
 
     tail = Tail()
-    job, files, last_sync = sync()
+    job, listed, last_sync = sync()
     while True:
-        listed = numbered(_log_parts(obj, job, files))
         if part_no is not None and not follow and part_no > len(listed):
             raise InputError(f"job {job_id} has {len(listed)} part(s) with output", place="--part",
                              hint="leave --part out to see them all")
@@ -428,10 +427,9 @@ def logs(obj: Context, job_id: int, follow: bool, part_no: int | None, stderr: b
                 click.echo(f"==> job {job_id} {job.state.value}" + (f": {job.reason}" if job.reason else "") + " <==")
             return
         time.sleep(1.0)
-        files = _log_files(obj)
-        new_part = any(not tail.seen(path) for _, _, path in shown(numbered(_log_parts(obj, job, files))))
-        if new_part or time.monotonic() - last_sync >= 5.0:
-            job, files, last_sync = sync()
+        listed = numbered(_log_parts(obj, job, _log_files(obj)))
+        if any(not tail.seen(path) for _, _, path in shown(listed)) or time.monotonic() - last_sync >= 5.0:
+            job, listed, last_sync = sync()
 
 
 @main.command()

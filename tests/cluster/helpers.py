@@ -47,6 +47,14 @@ def wait_for(state: Path, job_ids: list[int], final: tuple[str, ...] = ("COMPLET
         time.sleep(1.5)
 
 
+def wait_until_empty(timeout: float = 60) -> None:
+    """Let earlier tests' jobs leave the dev cluster (squeue lists none), for a test that needs its nodes free."""
+    deadline = time.monotonic() + timeout
+    while subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=30).stdout.strip():
+        assert time.monotonic() < deadline, "the dev cluster did not empty"
+        time.sleep(1)
+
+
 def accounting(slurm_ids: list[str], timeout: float = 60) -> list[AccountingRecord]:
     """sacct lags squeue: poll until every id has a final, non-step row."""
     client = SlurmCli(SubprocessRunner())

@@ -18,7 +18,7 @@ import pytest
 
 from slurmhet.runtime.checkpoint import CONSOLIDATED_NAME, load_checkpoint
 from slurmhet.runtime.progress import job_steps, read_progress
-from tests.cluster.helpers import accounting, cli, status
+from tests.cluster.helpers import accounting, cli, status, wait_until_empty
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster")
 
@@ -115,10 +115,7 @@ def test_a_round_consolidates_on_another_copy_type_when_the_first_ones_nodes_dra
                                                                                   leftovers: list[str]) -> None:
     """A node drained under a round's copies (Slurm drains one for "Kill task failed" across a controller
     restart, as a chaos run met) must not hold its consolidation: it goes to any of the copies' partitions."""
-    deadline = time.monotonic() + 60  # the copies need a node of each type: let earlier tests' jobs leave
-    while _squeue("-o", "%i"):
-        assert time.monotonic() < deadline, "the dev cluster did not empty"
-        time.sleep(1)
+    wait_until_empty()  # the copies need a node of each type
     env = {"SLURMHET_EMULATE_THROUGHPUT": "1", "SLURMHET_FORK_ROUND_S": "8",
            "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
     checkpoints = tmp_path / "ckpt"
@@ -137,8 +134,9 @@ def test_a_round_consolidates_on_another_copy_type_when_the_first_ones_nodes_dra
     first = subprocess.run(["sinfo", "-h", "-p", partitions[0], "-o", "%N"], capture_output=True, text=True,
                            timeout=30, check=True).stdout.strip()
     assert first in ("nodea", "nodeb", "nodec"), first  # one node per type's partition on the dev cluster
+    deadline = time.monotonic() + 60
     while _squeue("-j", ",".join(copies), "-t", "PENDING", "-o", "%i"):  # drained, a pending copy would not start
-        assert time.monotonic() < deadline + 60, "the copies did not start"
+        assert time.monotonic() < deadline, "the copies did not start"
         time.sleep(0.5)
     subprocess.run(["scontrol", "update", f"nodename={first}", "state=drain", "reason=slurmhet test"], check=True,
                    timeout=30)

@@ -3,24 +3,18 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.cluster.helpers import cli, job, write
+from tests.cluster.helpers import cli, job, wait_until_empty, write
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster")
 
 
 def test_logs_follow_a_het_job_until_it_ends_and_status_id_shows_it_whole(tmp_path: Path, state_dir: Path,
                                                                           leftovers: list[str]) -> None:
-    # The placement asserted below needs every v100 and two t4s free: let the last test's jobs finish leaving.
-    deadline = time.monotonic() + 60
-    while subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=30).stdout.strip():
-        assert time.monotonic() < deadline, "the dev cluster did not empty"
-        time.sleep(1)
+    wait_until_empty()  # the placement asserted below needs every v100 and two t4s free
     script = "echo start rank=$RANK type=$SLURMHET_GPU_TYPE; echo warn rank=$RANK >&2; sleep 8; echo end rank=$RANK"
     spec = write(tmp_path / "het.yaml", job("het-logs", ["bash", "-c", script], "{min: 6, max: 6, types: [v100, t4]}"))
     [out] = json.loads(cli("submit", "--json", str(spec), state=state_dir).stdout)["jobs"]
