@@ -30,10 +30,11 @@ State -> PlanningInput
   long job sets the makespan by starting last (``critical_share``; the rule and its numbers
   are in ``planner/critical.py`` and bench/README.md).
 - Objective: with ``migrate`` the plan is revised at every decision, so the planner runs
-  in its preemptive mode (``pin_running=False``): it maximises weighted progress now,
-  ``sum w_j / T_j``, which hands the fastest GPUs to the jobs with the least work left
-  (SRPT-FM) and critical jobs first, instead of minimising ``sum w_j T_j`` as if every
-  job kept its GPUs to the end (see ``planner.problem``).
+  in its preemptive mode (``pin_running=False``): it maximises weighted progress now, each
+  job's share of its best rate weighted by how little work it has left, which hands each
+  GPU type to the jobs it speeds up most, the shorter ones first, and critical jobs first,
+  instead of minimising ``sum w_j T_j`` as if every job kept its GPUs to the end (see
+  ``planner.problem``).
 - Moves: a round-based policy charges a moved job ``restart_s / round_s`` of its progress term
   (``move_penalty``), so the plan keeps a job where it is unless moving it pays for the restart.
 - Start-up: a job that never ran is charged ``startup_s`` = the engine's ``start_s`` (what its

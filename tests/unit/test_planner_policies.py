@@ -192,8 +192,9 @@ def test_kept_jobs_give_way_to_a_job_that_needs_a_whole_node() -> None:
 
 def test_a_revisable_plan_gives_the_fast_gpu_to_the_shortest_job() -> None:
     # One V100 (2/s), one K80 (1/s). Kept to the end, the long job on the V100 minimises
-    # w*T: 200 + 100 < 400 + 50. Revised at the next decision (pin_running=False), the short job
-    # takes it (SRPT-FM): w/T is 1/50 + 1/400 > 1/200 + 1/100, and the long job inherits the V100
+    # w*T: 200 + 100 < 400 + 50. Revised at the next decision (pin_running=False), both gain 2x on the
+    # V100, so the short job takes it (SRPT-FM): with indices (1/T*)^0.5 normalised (short 1, long 1/2)
+    # 50/50 + 1/2 x 200/400 = 1.25 > 50/100 + 1/2 x 200/200 = 1, and the long job inherits the V100
     # at 50. A priority (critical) job outranks it.
     table = ThroughputTable.from_rates({"x": {"v100": 2.0, "k80": 1.0}})
     inv = Inventory((Node("a", {"v100": 1}), Node("b", {"k80": 1})))
@@ -208,11 +209,32 @@ def test_a_revisable_plan_gives_the_fast_gpu_to_the_shortest_job() -> None:
     assert v100_job((replace(jobs[0], priority=1), jobs[1]), False) == "long"
 
 
+def test_a_revisable_plan_gives_the_fast_gpu_to_the_job_it_speeds_up_most(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One V100, one K80. The short job (100 samples) runs 2/s on the V100 and 1.6/s on the K80, the long one
+    # (400) 2/s and 0.5/s. Index (1/T*)^0.5 normalised: short 1 (T* 50), long 1/2 (T* 200). Short on the
+    # V100: 50/50 + 1/2 x 200/800 = 1.125; long on the V100: 50/62.5 + 1/2 x 200/200 = 1.3, so the V100 goes
+    # where it gains 4x, not 1.25x. Ranked by remaining time alone (exponent 1: 1 + 1/4 x 1/4 = 1.0625
+    # against 0.8 + 1/4 = 1.05), the short job would take it.
+    from slurmhet.planner import problem
+
+    table = ThroughputTable.from_rates({"s": {"v100": 2.0, "k80": 1.6}, "l": {"v100": 2.0, "k80": 0.5}})
+    inv = Inventory((Node("a", {"v100": 1}), Node("b", {"k80": 1})))
+    jobs = (PlanJob("short", "s", 100.0, 1, max_gpus=1), PlanJob("long", "l", 400.0, 1, max_gpus=1))
+
+    def on_v100() -> str:
+        plan = POLICIES["slurmhet"](PlanningInput(jobs, inv, table, pin_running=False))
+        return next(p.job_id for p in plan.jobs if p.allocation.by_type() == {"v100": 1})
+
+    assert on_v100() == "long"
+    monkeypatch.setattr(problem, "SRPT_EXPONENT", 1.0)
+    assert on_v100() == "short"
+
+
 def test_a_revisable_plan_moves_running_jobs_only_when_the_move_pays_its_restart() -> None:
     # One V100 (2/s), one K80 (1/s); the short job (100) runs on the K80, the long one (400) on the V100.
-    # Progress terms -w/T normalised by the best w/T* (short: T* 50, index 1; long: T* 200, index 1/4):
-    # swapped -(50/50 + 1/4 x 200/400) = -1.125, as they are -(50/100 + 1/4 x 200/200) = -0.75. Both move
-    # in a swap, so it pays while (1 - penalty) x 1.125 > 0.75: at 0.2, not at 0.5.
+    # Progress terms -index x T*/T, the index (1/T*)^0.5 normalised by the largest (short: T* 50, index 1;
+    # long: T* 200, index 1/2): swapped -(50/50 + 1/2 x 200/400) = -1.25, as they are -(50/100 + 1/2 x
+    # 200/200) = -1. Both move in a swap, so it pays while (1 - penalty) x 1.25 > 1: at 0.1, not at 0.5.
     from slurmhet.errors import InputError
     from slurmhet.planner import Allocation
 
@@ -225,7 +247,7 @@ def test_a_revisable_plan_moves_running_jobs_only_when_the_move_pays_its_restart
         plan = POLICIES["slurmhet"](PlanningInput(jobs, inv, table, pin_running=False, move_penalty=penalty))
         return next(p.job_id for p in plan.jobs if p.allocation.by_type() == {"v100": 1})
 
-    assert on_v100(0.0) == on_v100(0.2) == "short"
+    assert on_v100(0.0) == on_v100(0.1) == "short"
     assert on_v100(0.5) == "long"
     with pytest.raises(InputError, match="move_penalty"):
         PlanningInput(jobs, inv, table, move_penalty=1.0)
