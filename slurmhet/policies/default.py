@@ -64,7 +64,7 @@ from collections import defaultdict
 
 from slurmhet.cluster import Inventory, Node
 from slurmhet.forking import CopyCandidate, offer_copies
-from slurmhet.planner.critical import CRITICAL_SHARE, with_critical_path
+from slurmhet.planner.critical import CRITICAL_SHARE, LOAD_BOUND, with_critical_path
 from slurmhet.planner.model import Allocation, ColocationSettings, JobPlan, PlanJob, PlanningInput
 from slurmhet.planner.registry import POLICIES
 from slurmhet.policies.base import ClusterView, Decision, JobState, Placement, TimePolicy, make_gang
@@ -94,6 +94,8 @@ class SlurmhetOverTime(TimePolicy):
     migrate = True
     #: A job whose remaining time is at least this share of the makespan lower bound is critical.
     critical_share = CRITICAL_SHARE
+    #: Jobs keep to the fluid LP's types when its makespan is at least this many times the longest job's.
+    load_bound = LOAD_BOUND
     colocation = ColocationSettings(max_group=2)
     #: Fork jobs into copies on the GPUs the plan leaves idle (HadarE's Job Forker, ``forking.job_forker``'s
     #: rules), as ``slurmhet submit`` does for ``sync: local-sgd`` jobs; a set-up whose jobs may all be
@@ -147,7 +149,8 @@ class SlurmhetOverTime(TimePolicy):
         penalty = min(self.restart_s / self.round_s, 0.5) if self.round_s and self.migrate else 0.0
         return with_critical_path(PlanningInput(tuple(jobs), inventory, self.throughput_table(view), view.now,
                                                 pin_running=not self.migrate, colocation=self.colocation,
-                                                seed=self.seed, move_penalty=penalty), self.critical_share)
+                                                seed=self.seed, move_penalty=penalty), self.critical_share,
+                                  self.load_bound)
 
     @staticmethod
     def throughput_table(view: ClusterView) -> ThroughputTable:
@@ -179,12 +182,15 @@ class SlurmhetForking(SlurmhetOverTime):
     No critical-path priorities: the idle GPUs' copies go to the job that would finish last, which
     shortens the tail the priorities guard against, while a priority that lets unstarted long jobs
     preempt started ones every round makes the jobs take turns (``hadare`` avg JCT 8-24% above HadarE's
-    with them, within 2% without; bench/README.md).
+    with them, within 2% without; bench/README.md). Nor are its jobs' types narrowed to the fluid LP's
+    booking: a forked job runs copies on whatever types are idle, and with the booking ``hadare`` avg JCT
+    was 4-11% worse on M-3, M-8, M-10 and M-12.
     """
 
     round_based = True
     forks = True
     critical_share = math.inf
+    load_bound = math.inf
 
 
 class SlurmhetRelaxed(SlurmhetOverTime):
