@@ -28,7 +28,8 @@ State -> PlanningInput
   order, and the input goes through ``critical.with_critical_path`` first, as in
   ``slurmhet replan``: jobs on the critical path get priorities, longest first, so that no
   long job sets the makespan by starting last (``critical_share``; the rule and its numbers
-  are in ``planner/critical.py`` and bench/README.md).
+  are in ``planner/critical.py`` and bench/README.md); when load sets the makespan, the
+  other jobs keep to the types the fluid LP books for them (``load_bound``, ``planner/fluid.py``).
 - Objective: with ``migrate`` the plan is revised at every decision, so the planner runs
   in its preemptive mode (``pin_running=False``): it maximises weighted progress now, each
   job's share of its best rate weighted by how little work it has left, which hands each
