@@ -98,7 +98,12 @@ def packed_times(job: PlanJob, inp: PlanningInput,
 def fastest_packed(job: PlanJob, inp: PlanningInput,
                    packed: dict[tuple[str, int], Allocation | None] | None = None) -> tuple[float, int]:
     """The job's least remaining run time on one allowed type, packed, and the GPUs it uses; (inf, 0) if none fits."""
-    return min(packed_times(job, inp, packed).values(), default=(math.inf, 0))
+    return _fastest(packed_times(job, inp, packed))
+
+
+def _fastest(per_type: Mapping[str, tuple[float, int]]) -> tuple[float, int]:
+    """The least (seconds, GPUs) of a job's :func:`packed_times`; (inf, 0) if it fits no type."""
+    return min(per_type.values(), default=(math.inf, 0))
 
 
 def critical_ranks(inp: PlanningInput, share: float = CRITICAL_SHARE,
@@ -110,7 +115,7 @@ def critical_ranks(inp: PlanningInput, share: float = CRITICAL_SHARE,
     if times is None:
         packed: dict[tuple[str, int], Allocation | None] = {}  # the same few (type, size) for thousands of jobs
         times = {job.id: packed_times(job, inp, packed) for job in inp.jobs}
-    fastest = {job.id: min(times[job.id].values(), default=(math.inf, 0)) for job in inp.jobs}
+    fastest = {job.id: _fastest(times[job.id]) for job in inp.jobs}
     finite = [job for job in inp.jobs if math.isfinite(fastest[job.id][0])]
     if not finite or not math.isfinite(share):
         return {}
@@ -132,7 +137,7 @@ def booked_types(inp: PlanningInput, times: Mapping[str, Mapping[str, tuple[floa
     """
     if not math.isfinite(load_bound):
         return {}
-    longest = max((min(t for t, _ in per_type.values()) for per_type in times.values() if per_type), default=0.0)
+    longest = max((_fastest(per_type)[0] for per_type in times.values() if per_type), default=0.0)
     if longest <= 0:
         return {}
     capacity = inp.inventory.gpus_by_type()
