@@ -11,7 +11,8 @@ A policy is an *allocator* (``Problem -> per-job node slots``) wrapped by
 4. runs the allocator on the admitted jobs and checks its answer (capacity,
    min/max, allowed types) so that no policy can return an impossible plan;
 5. co-locates waiting single-GPU jobs that allow it (seed 002) and predicts
-   when the other waiting jobs start by list-scheduling them in the same order.
+   when the other waiting jobs start by replaying step 3 at each predicted
+   release of GPUs (list scheduling in the same order, skipping what does not fit).
 
 On a shared cluster (``PlanningInput.world``) GPUs other users' jobs or
 reservations hold are pinned capacity like a running job of ours, until their
@@ -23,7 +24,7 @@ jobs are admitted now and when waiting jobs are predicted to start.
 from __future__ import annotations
 
 import heapq
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, replace
 from typing import Callable, Mapping, Sequence
 
@@ -336,16 +337,17 @@ def _job_plan(job: PlanJob, allocation: Allocation, rates: dict[str, float], inp
 def _list_schedule(waiting: list[PlanJob], plans: dict[str, JobPlan], rates: dict[str, dict[str, float]],
                    priors: dict[str, tuple[str, ...]], total: np.ndarray, types: tuple[str, ...],
                    inp: PlanningInput, order: int, waits_for: dict[str, str]) -> list[JobPlan]:
-    """Predict start times of waiting jobs: in order, each starts once its GPUs are free (no backfilling).
+    """Predict start times of waiting jobs by replaying admission each time GPUs free up.
 
-    GPUs are counted by type only; the job gets the fastest allowed free GPUs,
-    one at a time while that shortens its run (the node placement is decided
-    when it actually starts, at a later replan). Other users' holds take their
-    GPUs from their start to their expected end, and foreign jobs Slurm starts
-    ahead of ours take GPUs first, each at the earliest time they fit. A capped
-    user's job also waits until the user's own jobs leave room under the cap.
-    A hold that starts while a job runs is not checked against that job (Slurm's
-    backfill would refuse such a start; the prediction is then optimistic).
+    At now and at each predicted release, the waiting jobs are taken in order and each one whose
+    minimum fits what is free starts then, as admission at that replan would admit it (it skips a job
+    that does not fit and goes on, so a narrow job may start before a wide one ahead of it). GPUs are
+    counted by type only; the job gets the fastest allowed free GPUs, one at a time while that shortens
+    its run (the node placement is decided when it actually starts). Other users' holds take their GPUs
+    from their start to their expected end, and foreign jobs Slurm starts ahead of ours take GPUs
+    first, each at the earliest time they fit. A capped user's job also waits until the user's own jobs
+    leave room under the cap. A hold that starts while a job runs is not checked against that job
+    (Slurm's backfill would refuse such a start; the prediction is then optimistic).
     """
     users = {j.id: j.user for j in inp.jobs}
     caps = inp.world.gpu_caps
@@ -360,36 +362,62 @@ def _list_schedule(waiting: list[PlanJob], plans: dict[str, JobPlan], rates: dic
         start, gpu_type = timeline.earliest(inp.now, ahead.gpu_types, ahead.count)
         if gpu_type is not None:
             timeline.hold(start, start + ahead.duration_s, {gpu_type: ahead.count})
-    clock, out = inp.now, []
-    for job in waiting:
-        cap = caps.get(job.user)
-
-        def fit(free: np.ndarray, used: Counter[str], job: PlanJob = job, cap: int | None = cap) -> np.ndarray | None:
-            if cap is not None and used[job.user] + job.min_gpus > cap:
-                return None
-            return _min_counts(job, rates[job.id], types, free)
-
-        clock, take = timeline.first_fit(clock, fit)
-        if take is None:
-            # Held with no known end (or a cap nothing frees): the run time is on its minimum, the start unknown.
-            take = _min_counts(job, rates[job.id], types, total)
-            reason = (f"waits for {job.min_gpus} GPU(s) of {', '.join(sorted(rates[job.id]))}, held with no known "
-                      f"end: no predicted start")
-        else:
-            room = None if cap is None else cap - timeline.used_by(job.user)
-            take = _grow(job, rates[job.id], types, timeline.free(), take, inp, room)
+    # Jobs alike in what they may take (types, minimum, a capped user) fit or not together, so only the
+    # first waiting one of each kind is tried: a pass costs the number of kinds, not of waiting jobs.
+    kinds: dict[tuple[tuple[str, ...], int, str], deque[int]] = {}
+    for i, job in enumerate(waiting):
+        kinds.setdefault((tuple(rates[job.id]), job.min_gpus, job.user if job.user in caps else ""), deque()).append(i)
+    queues = list(kinds.values())
+    need = np.array([k[1] for k in kinds], dtype=int)
+    allowed = np.array([[t in k[0] for t in types] for k in kinds], dtype=int).reshape(len(kinds), len(types))
+    started: dict[int, tuple[float, np.ndarray, JobPlan]] = {}
+    clock = inp.now
+    timeline.settle(clock)
+    while any(queues):
+        capped: set[int] = set()
+        while True:
+            fits = [g for g in np.flatnonzero(allowed @ timeline.free() >= need) if queues[g] and g not in capped]
+            if not fits:
+                break
+            g = min(fits, key=lambda g: queues[g][0])
+            i = queues[g][0]
+            job, cap = waiting[i], caps.get(waiting[i].user)
+            used = timeline.used_by(job.user)
+            if cap is not None and used + job.min_gpus > cap:
+                capped.add(g)
+                continue
+            take = _min_counts(job, rates[job.id], types, timeline.free())
+            assert take is not None  # its kind's minimum fits what is free
+            take = _grow(job, rates[job.id], types, timeline.free(), take, inp, None if cap is None else cap - used)
+            plan = _job_plan(job, _at_start(take, types), rates[job.id], inp, order + i, priors[job.id], start=clock)
+            timeline.hold(clock, plan.finish_s, {types[t]: int(c) for t, c in enumerate(take) if c}, job.user)
+            timeline.settle(clock)
+            started[queues[g].popleft()] = (clock, take, plan)
+        if not timeline.events:
+            break
+        clock = timeline.next_change(clock)
+    out = []
+    for i, job in enumerate(waiting):
+        if i in started:
+            clock, take, plan = started[i]
             reason = (f"waits for {job.min_gpus} GPU(s) of {', '.join(sorted(rates[job.id]))}; "
                       f"predicted start after {clock - inp.now:.0f} s (WSPT order)")
-        assert take is not None  # min_gpus fits the allowed types' capacity: checked in _prepare
-        counts = {("(at start)", types[i]): int(c) for i, c in enumerate(take) if c}
-        plan = _job_plan(job, Allocation.of(counts), rates[job.id], inp, order, priors[job.id], start=clock)
+        else:
+            # Held with no known end (or a cap nothing frees): the run time is on its minimum, the start unknown.
+            take = _min_counts(job, rates[job.id], types, total)
+            assert take is not None  # min_gpus fits the allowed types' capacity: checked in _prepare
+            plan = _job_plan(job, _at_start(take, types), rates[job.id], inp, order + i, priors[job.id])
+            reason = (f"waits for {job.min_gpus} GPU(s) of {', '.join(sorted(rates[job.id]))}, held with no known "
+                      f"end: no predicted start")
         out.append(JobPlan(**{**plan.__dict__, "allocation": None, "shard_weights": (),
                               "wait_reason": waits_for.get(job.id, reason),
-                              "waits_on": tuple(sorted(types[i] for i, c in enumerate(take) if c))}))
-        order += 1
-        if reason.endswith("(WSPT order)"):
-            timeline.hold(clock, plan.finish_s, {types[i]: int(c) for i, c in enumerate(take) if c}, job.user)
+                              "waits_on": tuple(sorted(types[t] for t, c in enumerate(take) if c))}))
     return out
+
+
+def _at_start(take: np.ndarray, types: tuple[str, ...]) -> Allocation:
+    """A waiting job's predicted GPUs, by type only: its nodes are chosen when it starts."""
+    return Allocation.of({("(at start)", types[i]): int(c) for i, c in enumerate(take) if c})
 
 
 class _Timeline:
@@ -423,9 +451,16 @@ class _Timeline:
         self.clock = max(self.clock, at)
         return at
 
-    def _settle(self, clock: float) -> None:
+    def settle(self, clock: float) -> None:
+        """Apply every change up to ``clock``."""
         while self.events and self.events[0][0] <= clock:
             self._advance()
+
+    def next_change(self, clock: float) -> float:
+        """Move to the next time after ``clock`` at which use changes, and apply all changes then."""
+        clock = max(clock, self._advance())
+        self.settle(clock)
+        return clock
 
     def free(self) -> np.ndarray:
         return np.maximum(self.total - self.busy, 0)
@@ -436,15 +471,14 @@ class _Timeline:
     def first_fit(self, clock: float, fit: Callable[[np.ndarray, Counter[str]], np.ndarray | None]
                   ) -> tuple[float, np.ndarray | None]:
         """The first time from ``clock`` at which ``fit`` finds GPUs, and what it takes; None when never."""
-        self._settle(clock)
+        self.settle(clock)
         while True:
             take = fit(self.free(), self.by_user)
             if take is not None:
                 return clock, take
             if not self.events:
                 return clock, None
-            clock = max(clock, self._advance())
-            self._settle(clock)
+            clock = self.next_change(clock)
 
     def earliest(self, clock: float, gpu_types: tuple[str, ...], count: int) -> tuple[float, str | None]:
         """When ``count`` GPUs of one of ``gpu_types`` are first free from ``clock`` on, without consuming time.
