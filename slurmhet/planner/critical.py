@@ -1,9 +1,9 @@
 """Critical-path priorities for a queue planned over time (pure): no long job starts last.
 
-The planner admits jobs in weighted-shortest-predicted-time order (Hare's idea), which is
-right for JCT but lets a long job wait behind short ones until it alone sets the makespan.
+The planner admits jobs in weighted smallest-GPU-time order (Smith's rule on a gang's area), which
+is right for JCT but lets a long job wait behind short ones until it alone sets the makespan.
 So before planning a queue, the jobs on the critical path get priorities, longest first;
-the others keep the planner's WSPT order. ``slurmhet replan`` and the simulator's
+the others keep the planner's order. ``slurmhet replan`` and the simulator's
 ``slurmhet`` policy both plan through :func:`with_critical_path`, so what the benchmarks
 measure is what the replanner ships.
 

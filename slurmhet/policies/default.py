@@ -24,8 +24,8 @@ State -> PlanningInput
   (seed 004's f(alpha, k) and xi2); the engine charges both.
 - GPUs: ``min_gpus = max_gpus`` = the trace's scale (``min_gpus = 1`` with ``elastic``); allowed types are those where the
   engine's rate is positive (e.g. no out-of-memory types); weight and arrival as traced.
-- Ordering: the pipeline admits jobs in priority, then weighted-shortest-predicted-time
-  order, and the input goes through ``critical.with_critical_path`` first, as in
+- Ordering: the pipeline admits jobs in priority, then weighted smallest-GPU-time (run
+  time on the minimum GPUs times that minimum) order, and the input goes through ``critical.with_critical_path`` first, as in
   ``slurmhet replan``: jobs on the critical path get priorities, longest first, so that no
   long job sets the makespan by starting last (``critical_share``; the rule and its numbers
   are in ``planner/critical.py`` and bench/README.md); when load sets the makespan, the

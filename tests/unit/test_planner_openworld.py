@@ -54,17 +54,17 @@ def test_held_gpus_are_not_planned_and_waiting_jobs_start_when_the_hold_ends() -
 
 def test_a_narrow_job_is_predicted_to_start_in_a_gap_a_wide_job_ahead_of_it_cannot_use() -> None:
     # Admission skips a job that does not fit and admits the next, so the forecast does too: 2 v100s free at
-    # 100 s hold the narrow job (100-200 s), and the wide one (first in WSPT order: 25 s on 4 v100s) still
-    # starts at 300 s, when all 4 are free. In strict order the narrow job would wait until 325 s.
+    # 100 s hold the narrow job (100-200 s), and the wide one (first in order: 20 s on 4 v100s, 80 GPU-s) still
+    # starts at 300 s, when all 4 are free. In strict order the narrow job would wait until 320 s.
     world = OpenWorld(holds=(Hold("nodea", "v100", 2, 0.0, 100.0, "job", "job 1 (alice)"),
                              Hold("nodea", "v100", 2, 0.0, 300.0, "job", "job 2 (alice)")))
-    plan = PLAN(PlanningInput((job("wide", lo=4, hi=4, types=("v100",)), job("narrow", types=("v100",))),
-                              NODES, TABLE, world=world))
+    jobs = (job("wide", lo=4, hi=4, types=("v100",), samples=8_000.0), job("narrow", types=("v100",)))
+    plan = PLAN(PlanningInput(jobs, NODES, TABLE, world=world))
     wide, narrow = plan.job("wide"), plan.job("narrow")
     assert wide.allocation is None and narrow.allocation is None
     assert wide.order < narrow.order
     assert narrow.start_s == pytest.approx(100.0) and narrow.finish_s == pytest.approx(200.0)
-    assert wide.start_s == pytest.approx(300.0) and wide.finish_s == pytest.approx(325.0)
+    assert wide.start_s == pytest.approx(300.0) and wide.finish_s == pytest.approx(320.0)
 
 
 def test_a_hold_with_no_known_end_gives_no_predicted_start_instead_of_failing_the_plan() -> None:

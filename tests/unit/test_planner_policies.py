@@ -133,6 +133,21 @@ def test_more_jobs_than_gpus_wait_in_wspt_order() -> None:
     assert waiting[0].start_s <= waiting[1].start_s
 
 
+def test_a_gang_is_admitted_by_its_gpu_time_not_its_run_time() -> None:
+    # 4 v100s; a 4-GPU gang of 100 s (400 GPU-s) and three 1-GPU jobs of 150 s (150 GPU-s each). By run time
+    # the gang goes first and the three wait for it: JCTs 100 + 3 x 250 = 850 s. By GPU-time the three start
+    # now and the gang waits for them: 3 x 150 + 250 = 700 s. A gang holds every GPU it has for its whole run.
+    inv = Inventory((Node("n", {"v100": 4}),))
+    gang = PlanJob("gang", "A (batch size 8)", 4 * 900.0 * 100.0, 8, min_gpus=4, max_gpus=4)
+    narrow = [PlanJob(f"n{i}", "A (batch size 8)", 900.0 * 150.0, 8, min_gpus=1, max_gpus=1) for i in range(3)]
+    inp = PlanningInput((gang, *narrow), inv, TABLE)
+    plan = POLICIES["slurmhet"](inp)
+    assert [j.id for j in build_problem(inp).jobs] == ["n0", "n1", "n2"]
+    assert all(plan.job(j.id).finish_s == pytest.approx(150.0) for j in narrow)
+    assert plan.job("gang").allocation is None and plan.job("gang").start_s == pytest.approx(150.0)
+    assert plan.avg_jct * 4 == pytest.approx(700.0)
+
+
 def test_comm_heavy_job_is_packed_on_one_node() -> None:
     nodes = (Node("a", {"v100": 2, "t4": 2}), Node("b", {"v100": 2, "t4": 2}))
     heavy = PlanJob("heavy", "B (batch size 8)", 1e6, 64, model_size_mb=1000.0, samples_per_sync=64, max_gpus=4)
