@@ -405,7 +405,7 @@ def _list_schedule(waiting: list[PlanJob], plans: dict[str, JobPlan], rates: dic
         if i in started:
             clock, take, plan = started[i]
             reason = (f"waits for {job.min_gpus} GPU(s) of {', '.join(sorted(rates[job.id]))}; "
-                      f"predicted start after {clock - inp.now:.0f} s (WSPT order)")
+                      f"predicted start after {clock - inp.now:.0f} s (GPU-time order)")
         else:
             # Held with no known end (or a cap nothing frees): the run time is on its minimum, the start unknown.
             take = _min_counts(job, rates[job.id], types, total)

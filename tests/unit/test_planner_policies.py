@@ -90,7 +90,7 @@ def test_algorithm1_enumerates_categories_in_the_papers_order() -> None:
 
 def test_has_reproduces_table2() -> None:
     """Table II: each category's market result and average JCT; HAS picks {3,1} at 11,225.8 s, 6.0% off the optimum."""
-    problem = build_problem(seed001_example())  # jobs in WSPT order: VGG-19 first
+    problem = build_problem(seed001_example())  # jobs in admission order: VGG-19 first
     rho = np.array([[884.0, 884.0, 1754.0, 1754.0], [275.0, 275.0, 644.0, 644.0]])  # rows VGG-19, ResNet-18
     expected = {(3, 1): (1194.0, 1754.0, 11225.8), (2, 2): (550.0, 3508.0, 19607.1), (1, 3): (275.0, 4392.0, 37502.1)}
     for (k_resnet, k_vgg), (v_resnet, v_vgg, jct) in expected.items():
