@@ -24,12 +24,12 @@ State -> PlanningInput
   (seed 004's f(alpha, k) and xi2); the engine charges both.
 - GPUs: ``min_gpus = max_gpus`` = the trace's scale (``min_gpus = 1`` with ``elastic``); allowed types are those where the
   engine's rate is positive (e.g. no out-of-memory types); weight and arrival as traced.
-- Ordering: the pipeline admits jobs in priority, then weighted smallest-GPU-time (run
-  time on the minimum GPUs times that minimum) order, and the input goes through ``critical.with_critical_path`` first, as in
-  ``slurmhet replan``: jobs on the critical path get priorities, longest first, so that no
-  long job sets the makespan by starting last (``critical_share``; the rule and its numbers
-  are in ``planner/critical.py`` and bench/README.md); when load sets the makespan, the
-  other jobs keep to the types the fluid LP books for them (``load_bound``, ``planner/fluid.py``).
+- Ordering: the pipeline admits jobs in priority, then weighted smallest-GPU-time (run time on the
+  minimum GPUs times that minimum) order, and the input goes through ``critical.with_critical_path``
+  first, as in ``slurmhet replan``: jobs on the critical path get priorities, longest first, so that
+  no long job sets the makespan by starting last (``critical_share``; the rule and its numbers are
+  in ``planner/critical.py`` and bench/README.md); when load sets the makespan, the other jobs keep
+  to the types the fluid LP books for them (``load_bound``, ``planner/fluid.py``).
 - Objective: with ``migrate`` the plan is revised at every decision, so the planner runs
   in its preemptive mode (``pin_running=False``): it maximises weighted progress now, each
   job's share of its best rate weighted by how little work it has left, which hands each
