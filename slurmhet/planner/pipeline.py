@@ -472,18 +472,6 @@ class _Timeline:
     def used_by(self, user: str) -> int:
         return self.by_user[user]
 
-    def first_fit(self, clock: float, fit: Callable[[np.ndarray, Counter[str]], np.ndarray | None]
-                  ) -> tuple[float, np.ndarray | None]:
-        """The first time from ``clock`` at which ``fit`` finds GPUs, and what it takes; None when never."""
-        self.settle(clock)
-        while True:
-            take = fit(self.free(), self.by_user)
-            if take is not None:
-                return clock, take
-            if not self.events:
-                return clock, None
-            clock = self.next_change(clock)
-
     def earliest(self, clock: float, gpu_types: tuple[str, ...], count: int) -> tuple[float, str | None]:
         """When ``count`` GPUs of one of ``gpu_types`` are first free from ``clock`` on, without consuming time.
 
@@ -492,14 +480,16 @@ class _Timeline:
         """
         probe = _Timeline(self.types, self.total)
         probe.busy, probe.events, probe.sequence = self.busy.copy(), list(self.events), self.sequence
-        known = [t for t in gpu_types if t in self.types]
-
-        def fit(free: np.ndarray, _: Counter[str]) -> np.ndarray | None:
-            ok = [self.types.index(t) for t in known if free[self.types.index(t)] >= count]
-            return np.array([ok[0]]) if ok else None
-
-        at, take = probe.first_fit(clock, fit)
-        return at, (self.types[int(take[0])] if take is not None else None)
+        known = [self.types.index(t) for t in gpu_types if t in self.types]
+        probe.settle(clock)
+        while True:
+            free = probe.free()
+            ok = [t for t in known if free[t] >= count]
+            if ok:
+                return clock, self.types[ok[0]]
+            if not probe.events:
+                return clock, None
+            clock = probe.next_change(clock)
 
 
 def _grow(job: PlanJob, rates: dict[str, float], types: tuple[str, ...], free: np.ndarray, take: np.ndarray,
