@@ -348,10 +348,10 @@ def _list_schedule(waiting: list[PlanJob], plans: dict[str, JobPlan], rates: dic
     that does not fit and goes on, so a narrow job may start before a wide one ahead of it). GPUs are
     counted by type only; the job gets the fastest allowed free GPUs, one at a time while that shortens
     its run (the node placement is decided when it actually starts). Other users' holds take their GPUs
-    from their start to their expected end, and foreign jobs Slurm starts ahead of ours take GPUs
-    first, each at the earliest time they fit. A capped user's job also waits until the user's own jobs
-    leave room under the cap. A hold that starts while a job runs is not checked against that job
-    (Slurm's backfill would refuse such a start; the prediction is then optimistic).
+    from ``world.lookahead_s`` before their start (as admission counts them: a job started then would
+    still run when the hold begins) to their expected end, and foreign jobs Slurm starts ahead of ours
+    take GPUs first, each at the earliest time they fit. A capped user's job also waits until the user's
+    own jobs leave room under the cap.
     """
     users = {j.id: j.user for j in inp.jobs}
     caps = inp.world.gpu_caps
@@ -361,7 +361,8 @@ def _list_schedule(waiting: list[PlanJob], plans: dict[str, JobPlan], rates: dic
             timeline.hold(inp.now, p.finish_s, p.allocation.by_type(), users.get(p.job_id, ""))
     for hold in inp.world.holds:
         if hold.gpu_type in types and hold.end_s > inp.now:
-            timeline.hold(max(hold.start_s, inp.now), hold.end_s, {hold.gpu_type: hold.count})
+            start = max(hold.start_s - inp.world.lookahead_s, inp.now)
+            timeline.hold(start, hold.end_s, {hold.gpu_type: hold.count})
     for ahead in inp.world.ahead:
         start, gpu_type = timeline.earliest(inp.now, ahead.gpu_types, ahead.count)
         if gpu_type is not None:

@@ -86,6 +86,17 @@ def test_a_reservation_starting_within_the_lookahead_takes_its_node_now() -> Non
     assert any(jp.allocation and "t4" in jp.allocation.by_type() for jp in plan.jobs)
 
 
+def test_a_job_a_reservation_within_the_lookahead_keeps_waiting_is_predicted_to_start_after_it() -> None:
+    # Admission keeps the t4-only job off nodeb now (the reservation starts within the job's time limit), so
+    # the forecast may not start it in the 100 s before the reservation either: it starts when it ends.
+    world = OpenWorld(holds=(Hold("nodeb", "t4", 4, 100.0, 3_700.0, "reservation", "reservation maint"),),
+                      lookahead_s=3_600.0)
+    jp = PLAN(PlanningInput((job("a", types=("t4",)),), NODES, TABLE, world=world)).job("a")
+    assert jp.allocation is None
+    assert jp.start_s == pytest.approx(3_700.0) and jp.finish_s == pytest.approx(3_900.0)
+    assert "predicted start after 3700 s" in (jp.wait_reason or "")
+
+
 def test_a_user_cap_bounds_the_gpus_of_all_their_jobs_now_and_in_the_prediction() -> None:
     world = OpenWorld(gpu_caps={"capped": 2})
     jobs = (job("a", hi=4, user="capped"), job("b", hi=4, user="capped"), job("c", user="capped"),
