@@ -43,7 +43,14 @@ class Settings:
     throughput_table: Path | None = None
     admin_group: str | None = None
     default_policy: str = "slurmhet"
+    #: A pending job that has waited this many hours goes ahead of all others and the GPUs it may use
+    #: are kept for it as they free up (None: the planner's order alone, which can starve a wide job).
+    max_wait_h: float | None = None
     slurm: SlurmOverrides = field(default_factory=SlurmOverrides)
+
+    @property
+    def max_wait_s(self) -> float | None:
+        return None if self.max_wait_h is None else 3600.0 * self.max_wait_h
 
     @property
     def log_dir(self) -> Path:
@@ -89,6 +96,12 @@ def _apply(settings: Settings, data: Mapping[str, Any], source: str) -> Settings
                 raise InputError(f"slurm.container_runtime {runtime!r}", place=source,
                                  hint="pyxis | apptainer | singularity | none")
             changes["slurm"] = replace(settings.slurm, **value)
+        elif key == "max_wait_h":
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not value > 0):
+                raise InputError(f"max_wait_h {value!r} is not a positive number of hours", place=source,
+                                 hint="max_wait_h: 48 (or leave it out)")
+            changes[key] = None if value is None else float(value)
         elif key in ("state_dir", "throughput_table"):
             changes[key] = Path(str(value)).expanduser() if value is not None else None
         else:

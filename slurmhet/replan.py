@@ -256,7 +256,7 @@ class Move:
 
 def judge_moves(waiting: Sequence[Waiting], candidates: Sequence[Candidate], inventory: Inventory,
                 table: ThroughputTable, policy: str, now: float, shared: SharedCluster,
-                startup: StartupCosts | None = None) -> list[Move]:
+                startup: StartupCosts | None = None, max_wait_s: float | None = None) -> list[Move]:
     """Which pending jobs another allowed GPU type finishes sooner, by the margin (pure, two plans per job).
 
     Staying finishes at Slurm's expected start (``squeue --start``; else the plan's predicted start on
@@ -282,12 +282,12 @@ def judge_moves(waiting: Sequence[Waiting], candidates: Sequence[Candidate], inv
                 < mine.spec.gpus.min:
             continue
         stay = plan_for([*others, free], inventory, table, policy, now, shared=shared,
-                        only={wait.job_id: wait.types}, startup=startup).job(str(wait.job_id))
+                        only={wait.job_id: wait.types}, startup=startup, max_wait_s=max_wait_s).job(str(wait.job_id))
         slurm_starts = [shared.world.starts[i].expected_start for i in wait.slurm_job_ids if i in shared.world.starts]
         known = [s.timestamp() for s in slurm_starts if s is not None]
         stay_finish = (max(max(known), now) + stay.run_seconds) if known else stay.finish_s
         move = plan_for([*others, free], inventory, table, policy, now, shared=shared,
-                        only={wait.job_id: elsewhere}, startup=startup).job(str(wait.job_id))
+                        only={wait.job_id: elsewhere}, startup=startup, max_wait_s=max_wait_s).job(str(wait.job_id))
         gain = stay_finish - move.finish_s
         if gain >= max(MOVE_MARGIN_S, MOVE_SHARE * (stay_finish - now)):
             to = "+".join(move.allocation.by_type()) if move.allocation else "/".join(elsewhere)
@@ -408,7 +408,7 @@ class Replanner:
         shared = read_shared(self.client, queue, self.db.instance, self.owner, now,
                              [c.spec for c in candidates if c.current is None])
         moves = judge_moves(waiting, candidates, inventory, table, self.settings.default_policy, now, shared,
-                            startup)
+                            startup, self.settings.max_wait_s)
         moved = {m.job_id: m.elsewhere for m in moves}
         for move in moves:
             note = (f"job {move.job_id} pending in Slurm {','.join(move.slurm_job_ids)} moves to {move.to}: "
@@ -422,7 +422,7 @@ class Replanner:
         # A moved job is planned afresh, kept off the types it waited for (this run's verdict stands).
         candidates = [replace(c, current=None) if c.job_id in moved else c for c in candidates]
         plan = plan_for(candidates, inventory, table, self.settings.default_policy, now, shared=shared, only=moved,
-                        startup=startup)
+                        startup=startup, max_wait_s=self.settings.max_wait_s)
         ready = {c.job_id: c.spec for c in candidates
                  if c.current is None and c.owner == self.owner and c.job_id not in retry_capped}
         work = dispatches(plan, ready, self.profile, self.settings, inventory, self.db.instance, table=table,

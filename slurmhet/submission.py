@@ -261,10 +261,12 @@ def unplaceable(candidates: Sequence[Candidate], inventory: Inventory) -> dict[i
 
 def plan_for(candidates: Sequence[Candidate], inventory: Inventory, table: ThroughputTable, policy: str,
              now: float, progress: Progress | None = None, shared: SharedCluster | None = None,
-             only: Mapping[int, tuple[str, ...]] | None = None, startup: StartupCosts | None = None) -> Plan:
+             only: Mapping[int, tuple[str, ...]] | None = None, startup: StartupCosts | None = None,
+             max_wait_s: float | None = None) -> Plan:
     """Run the chosen planner over every candidate; placed jobs stay pinned, unplaceable ones wait.
 
-    ``startup`` is charged to every job not placed yet (None: no start-up cost).
+    ``startup`` is charged to every job not placed yet (None: no start-up cost); ``max_wait_s`` is the
+    site's starvation limit (``Settings.max_wait_h``).
 
     On a shared cluster the planner gets its capacity facts, and the caller's jobs only the GPU
     types the caller may reach; ``only`` keeps some jobs to some types (the move rule's what-ifs).
@@ -291,7 +293,8 @@ def plan_for(candidates: Sequence[Candidate], inventory: Inventory, table: Throu
                              reach.get(c.job_id), usable)
                  for c in candidates)
     try:
-        inp = PlanningInput(jobs, usable, table, now=now, world=shared.facts if shared else OpenWorld())
+        inp = PlanningInput(jobs, usable, table, now=now, world=shared.facts if shared else OpenWorld(),
+                            max_wait_s=max_wait_s)
         return POLICIES[policy](QUEUE_PREPARE.get(policy, lambda given: given)(inp), progress=progress)
     except InputError as exc:
         # Planner errors name the planner's job id; users know their jobs by name and spec line.
@@ -615,7 +618,7 @@ def dry_run_outcomes(specs: Sequence[tuple[JobSpec, str]], existing: Sequence[Ca
     submits nothing (also without Slurm: ``shared`` None plans for ``inventory`` alone)."""
     fresh = [Candidate(-(i + 1), spec, now, owner=owner, held=preview_hold(spec)) for i, (spec, _) in enumerate(specs)]
     plan = plan_for([*existing, *fresh], inventory, table, settings.default_policy, now, progress, shared,
-                    startup=startup)
+                    startup=startup, max_wait_s=settings.max_wait_s)
     ready = {c.job_id: c.spec for c in fresh}
     rendered = {i: render_parts(d.parts)
                 for d in dispatches(plan, ready, profile, settings, inventory, table=table,
@@ -637,7 +640,7 @@ def _plan_and_dispatch(db: Database, dispatcher_args: tuple[SlurmClient, SitePro
     fresh = [with_verdicts(Candidate(i, spec, now, owner=owner), found or Verdicts({}, {}, {}))
              for i, (spec, _) in zip(new_ids, specs)]
     plan = plan_for(existing + fresh, inventory, table, settings.default_policy, now, progress, shared,
-                    startup=startup)
+                    startup=startup, max_wait_s=settings.max_wait_s)
     # Everyone's jobs shape the plan; only the caller's own are submitted (sbatch runs as the caller).
     unplaced = [c for c in existing if c.current is None and c.owner == owner] + fresh
     dispatcher = Dispatcher(db, client, profile, settings, runner)

@@ -274,7 +274,7 @@ def plan(obj: Context, files: tuple[str, ...], policy: str | None, cluster_spec:
             bar.update(task, completed=done, total=total, description=label)
 
         result = plan_for(candidates, inventory, table, policy or obj.settings.default_policy, now,
-                          progress=progress, shared=shared)
+                          progress=progress, shared=shared, max_wait_s=obj.settings.max_wait_s)
     names = {str(c.job_id): c.spec.name for c in candidates}
     waiting = unplaceable(candidates, inventory)  # held by after:, or too big for the usable nodes now
     if as_json:

@@ -166,8 +166,14 @@ class PlanningInput:
     #: The rest of a shared cluster: GPUs other users' jobs and reservations hold, Slurm's queue ahead of
     #: ours, per-user GPU caps. Empty in the simulator.
     world: OpenWorld = field(default_factory=OpenWorld)
+    #: A pending job that has waited this long is overdue: it goes ahead of every other job, and while it
+    #: does not fit, the free GPUs it may use are kept for it (None: no job is ever overdue).
+    max_wait_s: float | None = None
 
     def __post_init__(self) -> None:
+        if self.max_wait_s is not None and not self.max_wait_s > 0:
+            raise InputError(f"max_wait_s {self.max_wait_s} is not positive", place="max_wait_s",
+                             hint="the longest a job may wait, in seconds, or None")
         if not 0.0 <= self.move_penalty < 1.0:
             raise InputError(f"move_penalty {self.move_penalty} is outside [0, 1)", place="move_penalty",
                              hint="restart seconds over the seconds between decisions")

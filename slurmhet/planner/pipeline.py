@@ -8,7 +8,10 @@ A policy is an *allocator* (``Problem -> per-job node slots``) wrapped by
 3. admits pending jobs in weighted smallest-GPU-time order (Smith's rule with a
    job's area, its run time times its GPUs, as the size of a gang: priority
    first, then run time on the job's minimum GPUs of its fastest type times that
-   minimum, over its weight) while their minimum GPU counts fit; the rest wait;
+   minimum, over its weight) while their minimum GPU counts fit; the rest wait.
+   A job that has waited ``PlanningInput.max_wait_s`` is overdue and goes first,
+   oldest first; while it does not fit, the free GPUs it may use are kept for it,
+   so a stream of narrower jobs cannot starve it;
 4. runs the allocator on the admitted jobs and checks its answer (capacity,
    min/max, allowed types) so that no policy can return an impossible plan;
 5. co-locates waiting single-GPU jobs that allow it (seed 002) and predicts
@@ -82,6 +85,8 @@ class _Context:
     waiting: list[PlanJob]
     #: Jobs that wait for a faster type held by others rather than start now on a slower one: why.
     waits_for: dict[str, str]
+    #: Pending jobs that have waited ``max_wait_s``: first in order, and GPUs are kept for them.
+    overdue: frozenset[str]
 
 
 def build_problem(inp: PlanningInput) -> Problem:
@@ -121,8 +126,11 @@ def _prepare(inp: PlanningInput) -> tuple[Problem, _Context]:
             raise InputError(f"job {job.id!r} needs {job.min_gpus} GPUs at once but user {job.user!r} may hold at "
                              f"most {caps[job.user]}", place=f"{job.id}.gpus.min",
                              hint=f"lower gpus.min to {caps[job.user]} or ask for a larger GPU limit")
+    overdue = frozenset(j.id for j in inp.jobs if j not in pinned and inp.max_wait_s is not None
+                        and inp.now - j.submitted_at >= inp.max_wait_s)
     pending = sorted((j for j in inp.jobs if j not in pinned),
-                     key=lambda j: wspt_key(j, rates[j.id], inventory.inter_node_gbps))
+                     key=lambda j: (j.id not in overdue, j.submitted_at if j.id in overdue else 0.0,
+                                    wspt_key(j, rates[j.id], inventory.inter_node_gbps)))
     free = capacity.sum(axis=0)
     held: Counter[str] = Counter()
     for job in pinned:
@@ -131,8 +139,15 @@ def _prepare(inp: PlanningInput) -> tuple[Problem, _Context]:
     waits_for: dict[str, str] = {}
     for job in pending:
         take = _min_counts(job, rates[job.id], types, free)
-        if take is None or (job.user in caps and held[job.user] + job.min_gpus > caps[job.user]):
+        over_cap = job.user in caps and held[job.user] + job.min_gpus > caps[job.user]
+        if take is None or over_cap:
             waiting.append(job)
+            if take is None and not over_cap and job.id in overdue:
+                # Kept for it, so that narrower jobs behind it cannot take each GPU that frees up.
+                kept = _fastest_free(job, rates[job.id], types, free)
+                free -= kept
+                for t in np.flatnonzero(kept):
+                    _take_from_nodes(capacity, int(t), int(kept[t]))
             continue
         faster = _faster_later(job, rates[job.id], types, free, take, inp) if inp.world.holds else None
         if faster is not None:
@@ -155,7 +170,7 @@ def _prepare(inp: PlanningInput) -> tuple[Problem, _Context]:
     problem = Problem(tuple(admitted), types, nodes, capacity, matrix, inventory.intra_node_gbps,
                       inventory.inter_node_gbps, inp.seed, preemptive=not inp.pin_running,
                       move_penalty=inp.move_penalty)
-    return problem, _Context(inventory, types, rates, priors, pinned, admitted, waiting, waits_for)
+    return problem, _Context(inventory, types, rates, priors, pinned, admitted, waiting, waits_for, overdue)
 
 
 def _faster_later(job: PlanJob, rates: dict[str, float], types: tuple[str, ...], free: np.ndarray,
@@ -248,11 +263,15 @@ def _take_world(capacity: np.ndarray, world: OpenWorld, now: float, nodes: tuple
         fits = [types.index(t) for t in job.gpu_types if t in types and capacity[:, types.index(t)].sum() >= job.count]
         if not fits:
             continue
-        t, need = fits[0], job.count
-        for i in sorted(range(len(nodes)), key=lambda i: (-capacity[i, t], i)):
-            got = min(need, int(capacity[i, t]))
-            capacity[i, t] -= got
-            need -= got
+        _take_from_nodes(capacity, fits[0], job.count)
+
+
+def _take_from_nodes(capacity: np.ndarray, t: int, count: int) -> None:
+    """Take ``count`` GPUs of type ``t`` from ``capacity`` (in place), nodes with most free ones first."""
+    for i in sorted(range(capacity.shape[0]), key=lambda i: (-capacity[i, t], i)):
+        got = min(count, int(capacity[i, t]))
+        capacity[i, t] -= got
+        count -= got
 
 
 def plan_with(name: str, allocator: Allocator, inp: PlanningInput, progress: Progress | None,
@@ -284,7 +303,7 @@ def plan_with(name: str, allocator: Allocator, inp: PlanningInput, progress: Pro
             plans[job_id] = plan
     still = [j for j in waiting if j.id not in plans]
     for plan in _list_schedule(still, plans, rates, priors, capacity_total(inventory, types), types, inp, order,
-                               ctx.waits_for):
+                               ctx.waits_for, ctx.overdue):
         plans[plan.job_id] = plan
     return Plan(name, tuple(plans[j.id] for j in inp.jobs), inp.now)
 
@@ -295,6 +314,12 @@ def capacity_total(inventory: Inventory, types: tuple[str, ...]) -> np.ndarray:
 
 def _min_counts(job: PlanJob, rates: dict[str, float], types: tuple[str, ...], free: np.ndarray) -> np.ndarray | None:
     """``min_gpus`` GPUs from the free pool, fastest allowed types first; None when they do not fit."""
+    take = _fastest_free(job, rates, types, free)
+    return take if take.sum() == job.min_gpus else None
+
+
+def _fastest_free(job: PlanJob, rates: dict[str, float], types: tuple[str, ...], free: np.ndarray) -> np.ndarray:
+    """Up to ``min_gpus`` GPUs from the free pool, fastest allowed types first."""
     take = np.zeros(len(types), dtype=int)
     need = job.min_gpus
     for t in sorted(rates, key=lambda t: (-rates[t], t)):
@@ -302,7 +327,7 @@ def _min_counts(job: PlanJob, rates: dict[str, float], types: tuple[str, ...], f
         got = min(need, int(free[i]))
         take[i] += got
         need -= got
-    return take if need == 0 else None
+    return take
 
 
 def _verify(name: str, problem: Problem, slots: list[Slots]) -> None:
@@ -340,7 +365,8 @@ def _job_plan(job: PlanJob, allocation: Allocation, rates: dict[str, float], inp
 
 def _list_schedule(waiting: list[PlanJob], plans: dict[str, JobPlan], rates: dict[str, dict[str, float]],
                    priors: dict[str, tuple[str, ...]], total: np.ndarray, types: tuple[str, ...],
-                   inp: PlanningInput, order: int, waits_for: dict[str, str]) -> list[JobPlan]:
+                   inp: PlanningInput, order: int, waits_for: dict[str, str],
+                   overdue: frozenset[str] = frozenset()) -> list[JobPlan]:
     """Predict start times of waiting jobs by replaying admission each time GPUs free up.
 
     At now and at each predicted release, the waiting jobs are taken in order and each one whose
@@ -351,7 +377,8 @@ def _list_schedule(waiting: list[PlanJob], plans: dict[str, JobPlan], rates: dic
     from ``world.lookahead_s`` before their start (as admission counts them: a job started then would
     still run when the hold begins) to their expected end, and foreign jobs Slurm starts ahead of ours
     take GPUs first, each at the earliest time they fit. A capped user's job also waits until the user's
-    own jobs leave room under the cap.
+    own jobs leave room under the cap. An ``overdue`` job (first in order) that does not fit keeps the
+    free GPUs it may use from every job after it, as admission keeps them.
     """
     users = {j.id: j.user for j in inp.jobs}
     caps = inp.world.gpu_caps
@@ -373,6 +400,8 @@ def _list_schedule(waiting: list[PlanJob], plans: dict[str, JobPlan], rates: dic
     for i, job in enumerate(waiting):
         kinds.setdefault((tuple(rates[job.id]), job.min_gpus, job.user if job.user in caps else ""), deque()).append(i)
     queues = list(kinds.values())
+    kind_of = {i: g for g, queue in enumerate(queues) for i in queue}
+    late = [i for i, job in enumerate(waiting) if job.id in overdue]
     need = np.array([k[1] for k in kinds], dtype=int)
     allowed = np.array([[t in k[0] for t in types] for k in kinds], dtype=int).reshape(len(kinds), len(types))
     started: dict[int, tuple[float, np.ndarray, JobPlan]] = {}
@@ -381,19 +410,31 @@ def _list_schedule(waiting: list[PlanJob], plans: dict[str, JobPlan], rates: dic
     while any(queues):
         capped: set[int] = set()
         while True:
-            fits = [g for g in np.flatnonzero(allowed @ timeline.free() >= need) if queues[g] and g not in capped]
-            if not fits:
-                break
-            g = min(fits, key=lambda g: queues[g][0])
+            left, g = timeline.free(), None
+            for i in late:  # overdue jobs first: each that fits starts, each that does not keeps what is free
+                cap = caps.get(waiting[i].user)
+                if i in started or (cap is not None and timeline.used_by(waiting[i].user) + waiting[i].min_gpus > cap):
+                    continue
+                kept = _fastest_free(waiting[i], rates[waiting[i].id], types, left)
+                if kept.sum() == waiting[i].min_gpus:
+                    g = kind_of[i]
+                    break
+                left = left - kept
+            if g is None:
+                fits = [g for g in np.flatnonzero(allowed @ left >= need)
+                        if queues[g] and g not in capped and waiting[queues[g][0]].id not in overdue]
+                if not fits:
+                    break
+                g = min(fits, key=lambda g: queues[g][0])
             i = queues[g][0]
             job, cap = waiting[i], caps.get(waiting[i].user)
             used = timeline.used_by(job.user)
             if cap is not None and used + job.min_gpus > cap:
                 capped.add(g)
                 continue
-            take = _min_counts(job, rates[job.id], types, timeline.free())
+            take = _min_counts(job, rates[job.id], types, left)
             assert take is not None  # its kind's minimum fits what is free
-            take = _grow(job, rates[job.id], types, timeline.free(), take, inp, None if cap is None else cap - used)
+            take = _grow(job, rates[job.id], types, left, take, inp, None if cap is None else cap - used)
             plan = _job_plan(job, _at_start(take, types), rates[job.id], inp, order + i, priors[job.id], start=clock)
             timeline.hold(clock, plan.finish_s, {types[t]: int(c) for t, c in enumerate(take) if c}, job.user)
             timeline.settle(clock)
@@ -405,8 +446,10 @@ def _list_schedule(waiting: list[PlanJob], plans: dict[str, JobPlan], rates: dic
     for i, job in enumerate(waiting):
         if i in started:
             clock, take, plan = started[i]
+            order_note = ("overdue: first in order, free GPUs kept for it" if job.id in overdue
+                          else "GPU-time order")
             reason = (f"waits for {job.min_gpus} GPU(s) of {', '.join(sorted(rates[job.id]))}; "
-                      f"predicted start after {clock - inp.now:.0f} s (GPU-time order)")
+                      f"predicted start after {clock - inp.now:.0f} s ({order_note})")
         else:
             # Held with no known end (or a cap nothing frees): the run time is on its minimum, the start unknown.
             take = _min_counts(job, rates[job.id], types, total)

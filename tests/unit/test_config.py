@@ -21,6 +21,13 @@ def test_layers_environment_wins(tmp_path: Path) -> None:
     assert settings.database_url == "postgresql+psycopg://h/db" and settings.state_dir == tmp_path / "s"
 
 
+def test_a_wait_limit_in_hours_reaches_the_planner_in_seconds(tmp_path: Path) -> None:
+    user = tmp_path / "config.yaml"
+    assert load_settings({"HOME": str(tmp_path), "SLURMHET_CONFIG": str(user)}).max_wait_s is None
+    user.write_text("max_wait_h: 48\n")
+    assert load_settings({"HOME": str(tmp_path), "SLURMHET_CONFIG": str(user)}).max_wait_s == 48 * 3600.0
+
+
 @pytest.mark.parametrize(("text", "words"), [
     ("databse_url: x\n", "unknown config key 'databse_url'"),
     ("- a\n", "config must be a mapping"),
@@ -28,6 +35,9 @@ def test_layers_environment_wins(tmp_path: Path) -> None:
     ("slurm: {gpu_request_style: gpus}\n", "slurm.gpu_request_style 'gpus'"),
     ("slurm: [1]\n", "'slurm' must be a mapping"),
     ("a: [\n", "cannot read config"),
+    ("max_wait_h: 0\n", "max_wait_h 0 is not a positive number of hours"),
+    ("max_wait_h: two days\n", "max_wait_h 'two days'"),
+    ("max_wait_h: true\n", "max_wait_h True"),
 ])
 def test_bad_config_files(tmp_path: Path, text: str, words: str) -> None:
     user = tmp_path / "config.yaml"

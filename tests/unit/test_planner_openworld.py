@@ -97,6 +97,41 @@ def test_a_job_a_reservation_within_the_lookahead_keeps_waiting_is_predicted_to_
     assert "predicted start after 3700 s" in (jp.wait_reason or "")
 
 
+def overdue_case(max_wait_s: float | None):
+    # Now 7,200 s; 2 of the 4 v100s are held until 7,300. The wide job (4 v100s, 100 s: 400 GPU-s) was
+    # submitted at 0, the narrow one (1 v100, 300 s: 300 GPU-s, so first in GPU-time order) at 7,000, the
+    # elastic one (1-4 GPUs of either type) at 7,100.
+    world = OpenWorld(holds=(Hold("nodea", "v100", 2, 0.0, 7_300.0, "job", "job 1 (alice)"),))
+    jobs = (PlanJob("wide", W, 40_000.0, 64, min_gpus=4, max_gpus=4, allowed_types=("v100",), submitted_at=0.0),
+            PlanJob("narrow", W, 30_000.0, 64, max_gpus=1, allowed_types=("v100",), submitted_at=7_000.0),
+            PlanJob("elastic", W, 10_000.0, 64, min_gpus=1, max_gpus=4, submitted_at=7_100.0))
+    return PLAN(PlanningInput(jobs, NODES, TABLE, now=7_200.0, world=world, max_wait_s=max_wait_s))
+
+
+def test_without_a_wait_limit_a_narrow_job_takes_the_gpus_a_wide_one_waits_for() -> None:
+    plan = overdue_case(None)
+    assert plan.job("narrow").allocation is not None and plan.job("narrow").allocation.by_type() == {"v100": 1}
+    assert plan.job("wide").start_s == pytest.approx(7_500.0)
+
+
+def test_an_overdue_job_goes_first_and_the_free_gpus_it_may_use_are_kept_for_it() -> None:
+    plan = overdue_case(3_600.0)
+    wide, narrow, elastic = plan.job("wide"), plan.job("narrow"), plan.job("elastic")
+    # The 2 free v100s are kept: the narrow job waits, and the elastic one gets t4s only.
+    assert wide.allocation is None and narrow.allocation is None
+    assert elastic.allocation is not None and set(elastic.allocation.by_type()) == {"t4"}
+    assert "overdue" in (wide.wait_reason or "")
+    # The wide job starts when the hold ends; the forecast keeps the v100s from the narrow job until then.
+    assert wide.start_s == pytest.approx(7_300.0) and wide.finish_s == pytest.approx(7_400.0)
+    assert narrow.start_s == pytest.approx(7_400.0) and narrow.finish_s == pytest.approx(7_700.0)
+    assert wide.order < narrow.order
+
+
+def test_a_wait_limit_must_be_positive() -> None:
+    with pytest.raises(InputError, match="max_wait_s"):
+        PlanningInput((), NODES, TABLE, max_wait_s=0.0)
+
+
 def test_a_user_cap_bounds_the_gpus_of_all_their_jobs_now_and_in_the_prediction() -> None:
     world = OpenWorld(gpu_caps={"capped": 2})
     jobs = (job("a", hi=4, user="capped"), job("b", hi=4, user="capped"), job("c", user="capped"),

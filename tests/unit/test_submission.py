@@ -50,3 +50,17 @@ def test_stored_allocation_follows_running_parts_only() -> None:
     assert stored_allocation(job) == Allocation((("nodex", "v100", 2),))
     job.slurm_jobs[0].state = "PENDING"
     assert stored_allocation(job) == Allocation((("nodea", "v100", 2),))
+
+
+def test_the_sites_wait_limit_keeps_a_free_gpu_for_an_overdue_wide_job() -> None:
+    inventory = Inventory((Node("nodeb", {"t4": 2}),))
+    wide = load_text("name: w\ncommand: [x]\nworkload: {model: ResNet-18, batch_size: 64}\nwork: {steps: 200}\n"
+                     "gpus: {types: [t4], min: 2, max: 2}\n", "w.yaml")[0]
+    running = Candidate(9, SPEC, 0.0, Allocation((("nodeb", "t4", 1),)))
+    candidates = [running, Candidate(1, wide, 0.0), Candidate(2, SPEC, 7_000.0)]
+    # Smaller GPU-time first: the narrow job takes the free t4 ...
+    assert plan_for(candidates, inventory, TABLE, "slurmhet", now=7_200.0).job("2").allocation is not None
+    # ... unless the wide one has waited longer than the limit: then the t4 is kept for it.
+    plan = plan_for(candidates, inventory, TABLE, "slurmhet", now=7_200.0, max_wait_s=3_600.0)
+    assert plan.job("2").allocation is None and plan.job("1").allocation is None
+    assert "overdue" in (plan.job("1").wait_reason or "")
