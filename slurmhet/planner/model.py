@@ -166,8 +166,8 @@ class PlanningInput:
     #: The rest of a shared cluster: GPUs other users' jobs and reservations hold, Slurm's queue ahead of
     #: ours, per-user GPU caps. Empty in the simulator.
     world: OpenWorld = field(default_factory=OpenWorld)
-    #: A pending job that has waited this long is overdue: it goes ahead of every other job, and while it
-    #: does not fit, the free GPUs it may use are kept for it (None: no job is ever overdue).
+    #: A job not running this long after its submission is overdue: it goes ahead of every other job, and
+    #: while it does not fit, the free GPUs it may use are kept for it (None: no job is ever overdue).
     max_wait_s: float | None = None
 
     def __post_init__(self) -> None:

@@ -7,12 +7,13 @@ samples/s, single-GPU jobs of 10,000 samples (100 s on a v100, 200 s on a t4).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from slurmhet.cluster import Hold, Inventory, Node, OpenWorld, QueuedAhead
 from slurmhet.errors import InputError
-from slurmhet.planner import POLICIES, PlanJob, PlanningInput
+from slurmhet.planner import POLICIES, Allocation, PlanJob, PlanningInput
 from slurmhet.throughput import ThroughputTable
 
 W = "ResNet-18 (batch size 64)"
@@ -125,6 +126,23 @@ def test_an_overdue_job_goes_first_and_the_free_gpus_it_may_use_are_kept_for_it(
     assert wide.start_s == pytest.approx(7_300.0) and wide.finish_s == pytest.approx(7_400.0)
     assert narrow.start_s == pytest.approx(7_400.0) and narrow.finish_s == pytest.approx(7_700.0)
     assert wide.order < narrow.order
+
+
+def test_a_running_job_is_never_overdue_when_the_plan_may_move_it() -> None:
+    # One v100; a plan that may move running jobs (the simulator's) lists the running one as pending too.
+    # Both old jobs were submitted at 0, but only the one that is not running has waited: it goes first,
+    # though the running one has less GPU-time left.
+    one = Inventory((Node("nodea", {"v100": 1}),))
+    running = Allocation.of({("nodea", "v100"): 1})
+    jobs = (PlanJob("running", W, 30_000.0, 64, max_gpus=1, submitted_at=0.0, current=running),
+            PlanJob("waited", W, 50_000.0, 64, max_gpus=1, submitted_at=0.0),
+            PlanJob("new", W, 10_000.0, 64, max_gpus=1, submitted_at=7_100.0))
+    inp = PlanningInput(jobs, one, TABLE, now=7_200.0, pin_running=False, max_wait_s=3_600.0)
+    plan = PLAN(inp)
+    assert plan.job("waited").allocation is not None
+    assert "overdue" not in (plan.job("running").wait_reason or "")
+    # Without the limit the least GPU-time left goes first.
+    assert PLAN(replace(inp, max_wait_s=None)).job("new").allocation is not None
 
 
 def test_a_wait_limit_must_be_positive() -> None:
