@@ -448,7 +448,8 @@ def _list_schedule(waiting: list[PlanJob], plans: dict[str, JobPlan], rates: dic
         if i in started:
             clock, take, plan = started[i]
             order_note = ("overdue: first in order, free GPUs kept for it" if job.id in overdue
-                          else "GPU-time order")
+                          else "GPU-time order" + (f"; free GPUs are kept for {len(late)} overdue job(s)" if late
+                                                   else ""))
             reason = (f"waits for {job.min_gpus} GPU(s) of {', '.join(sorted(rates[job.id]))}; "
                       f"predicted start after {clock - inp.now:.0f} s ({order_note})")
         else:

@@ -165,6 +165,48 @@ def test_replan_leaves_a_pending_job_where_it_waits_when_moving_does_not_pay(
     assert row["slurm_reason"] in ("Resources", "Priority") and row["slurm_expected_start"], row
 
 
+# --------------------------------------------------------------------------- a site's wait limit (max_wait_h)
+
+
+def test_a_job_pending_past_the_sites_wait_limit_keeps_the_free_v100s_from_a_narrower_job(
+        tmp_path: Path, state_dir: Path, leftovers: list[str]) -> None:
+    env = {"SLURMHET_CONFIG": str(tmp_path / "config.yaml")}
+    (tmp_path / "config.yaml").write_text("max_wait_h: 0.005\n")  # 18 s
+    blocker = sbatch_foreign("--gres=gpu:v100:2", "-p", "v100", "-t", "5", "--wrap", "sleep 300")
+    leftovers.append(blocker)
+    wait_slurm(blocker, ("RUNNING",), timeout=90)
+    wide = job("wide", ["sleep", "1"], "{min: 4, max: 4, types: [v100]}")
+    (first,) = submit(state_dir, write(tmp_path / "w.yaml", wide), env=env)
+    assert first["state"] == "PENDING", first  # 2 of the 4 v100s are held
+    time.sleep(20)
+    # The narrow job fits the 2 free v100s now; without the limit it would start there (the wide one
+    # does not fit, and admission skips it). The wide one is overdue: the free v100s are kept for it.
+    (second,) = submit(state_dir, write(tmp_path / "n.yaml", resnet("narrow", 10, "v100")), env=env)
+    assert second["state"] == "PENDING", second
+    rows = status(state_dir, env=env)
+    assert "(overdue: first in order, free GPUs kept for it)" in rows[first["job_id"]]["reason"], rows
+    assert "free GPUs are kept for 1 overdue job(s)" in rows[second["job_id"]]["reason"], rows
+    assert rows[first["job_id"]]["planned_start"] <= rows[second["job_id"]]["planned_start"], rows
+    scancel([blocker])
+    deadline = time.monotonic() + 60
+    while True:
+        out = replan(state_dir, env=env)
+        started = submitted_by(out.stdout)
+        if first["job_id"] in started:
+            break
+        assert second["job_id"] not in started, out.stdout  # never ahead of the overdue job
+        assert time.monotonic() < deadline, out.stdout
+        time.sleep(2)
+    assert "4xv100@nodea" in out.stdout, out.stdout
+    rows = wait_for(state_dir, [first["job_id"]], timeout=90)
+    assert rows[first["job_id"]]["state"] == "COMPLETED"
+    deadline = time.monotonic() + 60
+    while second["job_id"] not in submitted_by(replan(state_dir, env=env).stdout):
+        assert time.monotonic() < deadline
+        time.sleep(2)
+    assert wait_for(state_dir, [second["job_id"]], timeout=90)[second["job_id"]]["state"] == "COMPLETED"
+
+
 # --------------------------------------------------------------------------- a QOS caps GPUs per user
 
 

@@ -121,7 +121,8 @@ def test_an_overdue_job_goes_first_and_the_free_gpus_it_may_use_are_kept_for_it(
     # The 2 free v100s are kept: the narrow job waits, and the elastic one gets t4s only.
     assert wide.allocation is None and narrow.allocation is None
     assert elastic.allocation is not None and set(elastic.allocation.by_type()) == {"t4"}
-    assert "overdue" in (wide.wait_reason or "")
+    assert "overdue: first in order" in (wide.wait_reason or "")
+    assert "kept for 1 overdue job(s)" in (narrow.wait_reason or "")
     # The wide job starts when the hold ends; the forecast keeps the v100s from the narrow job until then.
     assert wide.start_s == pytest.approx(7_300.0) and wide.finish_s == pytest.approx(7_400.0)
     assert narrow.start_s == pytest.approx(7_400.0) and narrow.finish_s == pytest.approx(7_700.0)
