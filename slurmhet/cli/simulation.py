@@ -32,13 +32,15 @@ SIMULATE_COLUMNS = (("avg_jct", "JCT h", 1 / 3600, "{:,.2f}"), ("weighted_jct", 
 @click.option("--start-s", type=float, default=0.0, show_default=True,
               help="start-up cost of a job's first start (measure it on your site)")
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--max-wait-h", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="a site's wait limit (config max_wait_h) for the slurmhet policies")
 @click.option("--bound", "with_bound", is_flag=True,
               help="lower bounds on avg JCT, weighted JCT and makespan for this instance, and each policy's ratio")
 @click.option("--json", "as_json", is_flag=True, help="one JSON document, with every job's record under each policy")
 @click.option("--plot", "plot_dir", type=click.Path(file_okay=False), default=None)
 def simulate(trace_path: str | None, generate_n: int | None, arrivals: str, cluster_spec: str,
              gpus_per_node: int | None, policy_list: str, round_s: float, restart_s: float | None, start_s: float,
-             seed: int, with_bound: bool, as_json: bool, plot_dir: str | None) -> None:
+             seed: int, max_wait_h: float | None, with_bound: bool, as_json: bool, plot_dir: str | None) -> None:
     """Replay a trace on a simulated cluster under one or more policies (same planners as submit).
 
     A Gavel trace (``.trace`` or ``--generate``) runs in Gavel's set-up unless the flags say otherwise:
@@ -68,7 +70,8 @@ def simulate(trace_path: str | None, generate_n: int | None, arrivals: str, clus
             bar.update(task, completed=index, description=f"simulating {name}")
 
         report = sim.simulate(jobs, inventory, None, policies, round_s=round_s, seed=seed, progress=progress,
-                              restart_s=restart_s, start_s=start_s, bound=with_bound)
+                              restart_s=restart_s, start_s=start_s, bound=with_bound,
+                              max_wait_s=None if max_wait_h is None else 3600 * max_wait_h)
     report.meta.update(setup="gavel" if gavel_setup else "slurmhet", gpus_per_node=gpus_per_node)
     if plot_dir:
         for path in sim.write_plots(report, plot_dir):

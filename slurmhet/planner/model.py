@@ -166,7 +166,7 @@ class PlanningInput:
     #: The rest of a shared cluster: GPUs other users' jobs and reservations hold, Slurm's queue ahead of
     #: ours, per-user GPU caps. Empty in the simulator.
     world: OpenWorld = field(default_factory=OpenWorld)
-    #: A job not running this long after its submission is overdue: it goes ahead of every other job, and
+    #: A job not pinned this long after its submission is overdue: it goes ahead of every younger job, and
     #: while it does not fit, the free GPUs it may use are kept for it (None: no job is ever overdue).
     max_wait_s: float | None = None
 

@@ -126,8 +126,9 @@ def _prepare(inp: PlanningInput) -> tuple[Problem, _Context]:
             raise InputError(f"job {job.id!r} needs {job.min_gpus} GPUs at once but user {job.user!r} may hold at "
                              f"most {caps[job.user]}", place=f"{job.id}.gpus.min",
                              hint=f"lower gpus.min to {caps[job.user]} or ask for a larger GPU limit")
-    # Waiting, not running (a plan that may move running jobs lists them too), since max_wait_s or longer.
-    overdue = frozenset(j.id for j in inp.jobs if j.current is None and inp.max_wait_s is not None
+    # A plan that may move running jobs lists them here too: an overdue one that has started keeps its
+    # rank, so no younger job takes its GPUs (as pinning does on a live cluster).
+    overdue = frozenset(j.id for j in inp.jobs if j not in pinned and inp.max_wait_s is not None
                         and inp.now - j.submitted_at >= inp.max_wait_s)
     pending = sorted((j for j in inp.jobs if j not in pinned),
                      key=lambda j: (j.id not in overdue, j.submitted_at if j.id in overdue else 0.0,

@@ -222,6 +222,9 @@ class TimePolicy:
     idle_patience_s: float = 0.0
     #: May co-locate single-GPU jobs on one GPU (a ``Decision``'s ``shared`` groups); the engine refuses it otherwise.
     colocates: bool = False
+    #: A site's wait limit (``Settings.max_wait_h``, in seconds): honoured by the policies that plan through
+    #: slurmhet's planner (``PlanningInput.max_wait_s``); the papers' baselines keep their own order.
+    max_wait_s: float | None = None
 
     def __init__(self, seed: int = 0, round_s: float = 360.0) -> None:
         self.seed = seed

@@ -150,7 +150,8 @@ class SlurmhetOverTime(TimePolicy):
         penalty = min(self.restart_s / self.round_s, 0.5) if self.round_s and self.migrate else 0.0
         return with_critical_path(PlanningInput(tuple(jobs), inventory, self.throughput_table(view), view.now,
                                                 pin_running=not self.migrate, colocation=self.colocation,
-                                                seed=self.seed, move_penalty=penalty), self.critical_share,
+                                                seed=self.seed, move_penalty=penalty, max_wait_s=self.max_wait_s),
+                                  self.critical_share,
                                   self.load_bound)
 
     @staticmethod

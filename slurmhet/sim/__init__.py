@@ -48,11 +48,13 @@ def simulate(trace_jobs: Sequence[TraceJob], inventory: Inventory, table: Throug
              policies: Sequence[str], round_s: float = 360.0, seed: int = 0,
              progress: Callable[[str, int, int], None] | None = None, *, restart_s: float = 10.0,
              consolidate_s: float = 10.0, start_s: float = 0.0,
-             contention: ContentionModel | None = None, bound: bool = False) -> SimReport:
+             contention: ContentionModel | None = None, bound: bool = False,
+             max_wait_s: float | None = None) -> SimReport:
     """Run every policy on the same jobs and cluster; ``progress(policy, index, total)`` is called per policy.
 
     ``start_s`` is what a job's first start costs a live cluster (start-up, rendezvous);
     the papers' set-ups charge nothing. ``bound``: add the instance's lower bounds (``sim.bounds``).
+    ``max_wait_s``: a site's wait limit, for the policies that plan through slurmhet's planner.
     """
     unknown = [p for p in policies if p not in TIME_POLICIES]
     if unknown or not policies:
@@ -78,7 +80,12 @@ def simulate(trace_jobs: Sequence[TraceJob], inventory: Inventory, table: Throug
             raise InputError(f"asks {job.gpus} GPUs; the cluster has {total}",
                              place=f"job {job.job_id}", hint="a larger --cluster, or drop the job from the trace")
     config = SimConfig(round_s=round_s, restart_s=restart_s, consolidate_s=consolidate_s, start_s=start_s)
+    if max_wait_s is not None and not 0 < max_wait_s:
+        raise InputError(f"the wait limit must be a positive number of hours, not {max_wait_s / 3600}",
+                         place="--max-wait-h", hint="e.g. 48")
     instances = {name: TIME_POLICIES[name](seed=seed, round_s=round_s) for name in policies}
+    for policy in instances.values():
+        policy.max_wait_s = max_wait_s
     try:
         report = run_policies(jobs, usable, rates, instances, config, progress, with_bound=bound)
     except PolicyStarved as exc:
@@ -86,7 +93,8 @@ def simulate(trace_jobs: Sequence[TraceJob], inventory: Inventory, table: Throug
         raise InputError(f"{exc} (GPUs per type: {types})", place=f"--policy {exc.policy}",
                          hint="this policy runs a job on GPUs of one type (or one server); give the cluster enough of "
                               "one type for the largest job, or leave the policy out") from exc
-    report.meta.update(round_s=round_s, restart_s=restart_s, start_s=start_s, seed=seed)
+    report.meta.update(round_s=round_s, restart_s=restart_s, start_s=start_s, seed=seed,
+                       max_wait_h=None if max_wait_s is None else max_wait_s / 3600)
     return report
 
 

@@ -35,6 +35,9 @@ def test_simulate_bad_input(tmp_path: Path) -> None:
     trace.write_text("ResNet-50 (batch size 64)\tcmd\tdir\t--n\t1\tnan\t1\t1\t-1\t0\n")
     broken = runner.invoke(main, ["simulate", "--trace", str(trace), "--cluster", "v100:4"])
     assert broken.exit_code == 2 and f"{trace}:1" in broken.output
+    for value in ("0", "-2", "nan"):
+        wait = runner.invoke(main, ["simulate", "--generate", "3", "--cluster", "v100:4", "--max-wait-h", value])
+        assert wait.exit_code == 2 and "--max-wait-h" in wait.output, wait.output
 
 
 def test_simulate_refuses_negative_or_nan_overheads() -> None:

@@ -129,21 +129,19 @@ def test_an_overdue_job_goes_first_and_the_free_gpus_it_may_use_are_kept_for_it(
     assert wide.order < narrow.order
 
 
-def test_a_running_job_is_never_overdue_when_the_plan_may_move_it() -> None:
+def test_an_overdue_job_that_started_keeps_its_gpus_when_the_plan_may_move_running_jobs() -> None:
     # One v100; a plan that may move running jobs (the simulator's) lists the running one as pending too.
-    # Both old jobs were submitted at 0, but only the one that is not running has waited: it goes first,
-    # though the running one has less GPU-time left.
+    # Without the limit the new job, with less GPU-time left, takes the v100; with it, the running job
+    # was submitted before the limit and keeps its rank (a live cluster pins it).
     one = Inventory((Node("nodea", {"v100": 1}),))
     running = Allocation.of({("nodea", "v100"): 1})
     jobs = (PlanJob("running", W, 30_000.0, 64, max_gpus=1, submitted_at=0.0, current=running),
-            PlanJob("waited", W, 50_000.0, 64, max_gpus=1, submitted_at=0.0),
             PlanJob("new", W, 10_000.0, 64, max_gpus=1, submitted_at=7_100.0))
-    inp = PlanningInput(jobs, one, TABLE, now=7_200.0, pin_running=False, max_wait_s=3_600.0)
-    plan = PLAN(inp)
-    assert plan.job("waited").allocation is not None
-    assert "overdue" not in (plan.job("running").wait_reason or "")
-    # Without the limit the least GPU-time left goes first.
-    assert PLAN(replace(inp, max_wait_s=None)).job("new").allocation is not None
+    inp = PlanningInput(jobs, one, TABLE, now=7_200.0, pin_running=False)
+    assert PLAN(inp).job("new").allocation is not None
+    plan = PLAN(replace(inp, max_wait_s=3_600.0))
+    assert plan.job("running").allocation == running and plan.job("new").allocation is None
+    assert "kept for" not in (plan.job("new").wait_reason or "")  # nothing overdue waits
 
 
 def test_a_wait_limit_must_be_positive() -> None:

@@ -167,3 +167,29 @@ def test_report_json_and_plots(tmp_path) -> None:
     paths = write_plots(report, tmp_path)
     assert all(p.exists() and p.stat().st_size > 0 for p in paths)
 
+
+
+def test_a_wait_limit_stops_a_stream_of_narrow_jobs_from_starving_a_wide_one() -> None:
+    # Two v100s; a 2-GPU job of 100 s and, from 0, a 1-GPU job of 100 s every 50 s, each with less GPU-time
+    # than the wide one: they keep both GPUs busy until the stream ends, so the wide job starts at 1,050 s.
+    # With a 300 s limit it is overdue at 300 s, goes first, and once started keeps its GPUs.
+    inventory = Inventory((Node("a", {"v100": 2}),))
+    jobs = [TraceJob(0, "x", 2, 0.0, 200.0)] + [TraceJob(i, "x", 1, 50.0 * (i - 1), 100.0) for i in range(1, 21)]
+    source = tiny({"x": {"v100": 1.0}}).source
+
+    def wide(max_wait_s: float | None) -> tuple[float, float]:
+        report = simulate(jobs, inventory, source, ["slurmhet"], restart_s=0.0, max_wait_s=max_wait_s)
+        (record,) = [r for r in report.runs["slurmhet"].records if r.job_id == 0]
+        return record.first_start, record.finish
+
+    assert wide(None) == (1050.0, 1150.0)
+    assert wide(300.0) == (300.0, 400.0)
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, float("nan")])
+def test_simulate_refuses_a_wait_limit_that_is_not_positive(value: float) -> None:
+    from slurmhet.errors import InputError
+
+    with pytest.raises(InputError, match="--max-wait-h"):
+        simulate([TraceJob(0, "x", 1, 0.0, 10.0)], one_gpu(), tiny({"x": {"v100": 1.0}}).source, ["slurmhet"],
+                 max_wait_s=value)
