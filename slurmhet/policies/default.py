@@ -151,8 +151,7 @@ class SlurmhetOverTime(TimePolicy):
         return with_critical_path(PlanningInput(tuple(jobs), inventory, self.throughput_table(view), view.now,
                                                 pin_running=not self.migrate, colocation=self.colocation,
                                                 seed=self.seed, move_penalty=penalty, max_wait_s=self.max_wait_s),
-                                  self.critical_share,
-                                  self.load_bound)
+                                  self.critical_share, self.load_bound)
 
     @staticmethod
     def throughput_table(view: ClusterView) -> ThroughputTable:
