@@ -38,6 +38,7 @@ def test_simulate_bad_input(tmp_path: Path) -> None:
     for value in ("0", "-2", "nan"):
         wait = runner.invoke(main, ["simulate", "--generate", "3", "--cluster", "v100:4", "--max-wait-h", value])
         assert wait.exit_code == 2 and "--max-wait-h" in wait.output, wait.output
+        assert "not in the range x>0" in wait.output or "must be a positive number of hours" in wait.output
 
 
 def test_simulate_refuses_negative_or_nan_overheads() -> None:
