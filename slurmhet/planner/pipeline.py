@@ -85,7 +85,7 @@ class _Context:
     waiting: list[PlanJob]
     #: Jobs that wait for a faster type held by others rather than start now on a slower one: why.
     waits_for: dict[str, str]
-    #: Pending jobs that have waited ``max_wait_s``: first in order, and GPUs are kept for them.
+    #: Jobs not pinned ``max_wait_s`` after submission: first in order, and GPUs are kept for them.
     overdue: frozenset[str]
 
 
@@ -140,16 +140,16 @@ def _prepare(inp: PlanningInput) -> tuple[Problem, _Context]:
     admitted, waiting = [], []
     waits_for: dict[str, str] = {}
     for job in pending:
-        take = _min_counts(job, rates[job.id], types, free)
+        got = _fastest_free(job, rates[job.id], types, free)
+        take = got if got.sum() == job.min_gpus else None
         over_cap = job.user in caps and held[job.user] + job.min_gpus > caps[job.user]
         if take is None or over_cap:
             waiting.append(job)
             if take is None and not over_cap and job.id in overdue:
                 # Kept for it, so that narrower jobs behind it cannot take each GPU that frees up.
-                kept = _fastest_free(job, rates[job.id], types, free)
-                free -= kept
-                for t in np.flatnonzero(kept):
-                    _take_from_nodes(capacity, int(t), int(kept[t]))
+                free -= got
+                for t in np.flatnonzero(got):
+                    _take_from_nodes(capacity, int(t), int(got[t]))
             continue
         faster = _faster_later(job, rates[job.id], types, free, take, inp) if inp.world.holds else None
         if faster is not None:
@@ -368,7 +368,7 @@ def _job_plan(job: PlanJob, allocation: Allocation, rates: dict[str, float], inp
 def _list_schedule(waiting: list[PlanJob], plans: dict[str, JobPlan], rates: dict[str, dict[str, float]],
                    priors: dict[str, tuple[str, ...]], total: np.ndarray, types: tuple[str, ...],
                    inp: PlanningInput, order: int, waits_for: dict[str, str],
-                   overdue: frozenset[str] = frozenset()) -> list[JobPlan]:
+                   overdue: frozenset[str]) -> list[JobPlan]:
     """Predict start times of waiting jobs by replaying admission each time GPUs free up.
 
     At now and at each predicted release, the waiting jobs are taken in order and each one whose
