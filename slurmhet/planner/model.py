@@ -102,6 +102,9 @@ class PlanJob:
     #: memory in MB (0: the site's default, not counted).
     cpus_per_gpu: int = 1
     mem_per_gpu_mb: int = 0
+    #: Slurm ends the job this long after it starts (its spec's ``time_limit``): a bound on its run that
+    #: lets it use GPUs kept for an overdue job when it ends before that job can start. None: no limit known.
+    time_limit_s: float | None = None
 
     def __post_init__(self) -> None:
         checks = (
@@ -112,6 +115,7 @@ class PlanJob:
             ("gpu_memory_gb", self.gpu_memory_gb is None or self.gpu_memory_gb > 0),
             ("startup_s", 0 <= self.startup_s < math.inf), ("cpus_per_gpu", self.cpus_per_gpu >= 1),
             ("mem_per_gpu_mb", self.mem_per_gpu_mb >= 0),
+            ("time_limit_s", self.time_limit_s is None or 0 < self.time_limit_s < math.inf),
         )
         for name, ok in checks:
             if not ok:
@@ -373,6 +377,7 @@ def plan_job_from_spec(job_id: str, spec: JobSpec, submitted_at: float, *, sampl
             gpu_memory_gb=spec.gpu_memory_gb, submitted_at=submitted_at, current=current, user=user,
             startup_s=startup_s if current is None else 0.0,
             cpus_per_gpu=spec.cpus_per_gpu or 1, mem_per_gpu_mb=spec.mem_per_gpu_mb or 0,
+            time_limit_s=60.0 * spec.time_limit_min if spec.time_limit_min else None,
         )
     except InputError as exc:
         field_name = _SPEC_FIELD.get(exc.place.rsplit(".", 1)[-1], "")
@@ -384,5 +389,5 @@ def plan_job_from_spec(job_id: str, spec: JobSpec, submitted_at: float, *, sampl
 _SPEC_FIELD = {
     "samples_remaining": "work", "samples_per_epoch": "work", "global_batch": "global_batch",
     "model_size_mb": "model_size_mb", "min_gpus": "gpus", "max_gpus": "gpus", "weight": "weight",
-    "gpu_memory_gb": "gpu_memory_gb",
+    "gpu_memory_gb": "gpu_memory_gb", "time_limit_s": "time_limit",
 }

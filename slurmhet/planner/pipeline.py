@@ -11,7 +11,8 @@ A policy is an *allocator* (``Problem -> per-job node slots``) wrapped by
    minimum, over its weight) while their minimum GPU counts fit; the rest wait.
    A job that has waited ``PlanningInput.max_wait_s`` is overdue and goes first,
    oldest first; while it does not fit, the free GPUs it may use are kept for it,
-   so a stream of narrower jobs cannot starve it;
+   so a stream of narrower jobs cannot starve it. A later job whose time limit
+   ends before an overdue job could start anyway may run on them (backfill);
 4. runs the allocator on the admitted jobs and checks its answer (capacity,
    min/max, allowed types) so that no policy can return an impossible plan;
 5. co-locates waiting single-GPU jobs that allow it (seed 002) and predicts
@@ -87,6 +88,8 @@ class _Context:
     waits_for: dict[str, str]
     #: Jobs not pinned ``max_wait_s`` after submission: first in order, and GPUs are kept for them.
     overdue: frozenset[str]
+    #: Jobs started now on GPUs kept for overdue jobs, on fixed slots the allocator does not see.
+    backfilled: list[tuple[PlanJob, Slots]]
 
 
 def build_problem(inp: PlanningInput) -> Problem:
@@ -139,17 +142,27 @@ def _prepare(inp: PlanningInput) -> tuple[Problem, _Context]:
         held[job.user] += job.current.gpus  # type: ignore[union-attr]
     admitted, waiting = [], []
     waits_for: dict[str, str] = {}
+    kept: list[tuple[float, np.ndarray]] = []  # per overdue job: its earliest start, the GPUs kept by node
+    backfilled: list[tuple[PlanJob, Slots]] = []
     for job in pending:
         got = _fastest_free(job, rates[job.id], types, free)
         take = got if got.sum() == job.min_gpus else None
         over_cap = job.user in caps and held[job.user] + job.min_gpus > caps[job.user]
+        if take is None and not over_cap and kept and job.time_limit_s is not None:
+            slots = _backfill(job, rates[job.id], types, capacity, free, kept, inp.now + job.time_limit_s)
+            if slots is not None:
+                held[job.user] += job.min_gpus
+                backfilled.append((job, slots))
+                continue
         if take is None or over_cap:
             waiting.append(job)
             if take is None and not over_cap and job.id in overdue:
                 # Kept for it, so that narrower jobs behind it cannot take each GPU that frees up.
                 free -= got
+                by_node = np.zeros_like(capacity)
                 for t in np.flatnonzero(got):
-                    _take_from_nodes(capacity, int(t), int(got[t]))
+                    by_node[:, t] = _take_from_nodes(capacity, int(t), int(got[t]))
+                kept.append((_earliest_start(job, rates[job.id], types, inp, pinned, rates), by_node))
             continue
         faster = _faster_later(job, rates[job.id], types, free, take, inp) if inp.world.holds else None
         if faster is not None:
@@ -172,7 +185,57 @@ def _prepare(inp: PlanningInput) -> tuple[Problem, _Context]:
     problem = Problem(tuple(admitted), types, nodes, capacity, matrix, inventory.intra_node_gbps,
                       inventory.inter_node_gbps, inp.seed, preemptive=not inp.pin_running,
                       move_penalty=inp.move_penalty)
-    return problem, _Context(inventory, types, rates, priors, pinned, admitted, waiting, waits_for, overdue)
+    return problem, _Context(inventory, types, rates, priors, pinned, admitted, waiting, waits_for, overdue,
+                             backfilled)
+
+
+def _earliest_start(job: PlanJob, rates: dict[str, float], types: tuple[str, ...], inp: PlanningInput,
+                    pinned: Sequence[PlanJob], all_rates: Mapping[str, dict[str, float]]) -> float:
+    """The earliest time ``min_gpus`` of the job's types are free: pinned jobs end as predicted, other users'
+    holds (counted from ``world.lookahead_s`` before their start) end when expected, and no other waiting
+    job is served first. It can only start later, so a job that ends by then never delays it."""
+    timeline = _Timeline(types, capacity_total(inp.inventory.usable(), types))
+    for other in pinned:
+        run = allocation_run_seconds(other, other.current, all_rates[other.id], inp.inventory)  # type: ignore[arg-type]
+        timeline.hold(inp.now, inp.now + run, other.current.by_type())  # type: ignore[union-attr]
+    for hold in inp.world.holds:
+        if hold.gpu_type in types and hold.end_s > inp.now:
+            timeline.hold(max(hold.start_s - inp.world.lookahead_s, inp.now), hold.end_s, {hold.gpu_type: hold.count})
+    allowed = np.array([t in rates for t in types])
+    clock = inp.now
+    timeline.settle(clock)
+    while timeline.free()[allowed].sum() < job.min_gpus:
+        if not timeline.events:
+            return np.inf
+        clock = timeline.next_change(clock)
+    return clock
+
+
+def _backfill(job: PlanJob, rates: dict[str, float], types: tuple[str, ...], capacity: np.ndarray, free: np.ndarray,
+              kept: list[tuple[float, np.ndarray]], ends: float) -> Slots | None:
+    """Node slots for ``job`` on free GPUs and on those kept for overdue jobs that cannot start before ``ends``
+    (its time limit), as Slurm's backfill starts a job in a gap it leaves before the gap closes; None when
+    its minimum does not fit. Takes them (in place) from ``capacity``, ``free`` and the kept pools."""
+    pools = [by_node for earliest, by_node in kept if earliest >= ends]
+    if not pools:
+        return None
+    take = _fastest_free(job, rates, types, free + sum(pools).sum(axis=0))
+    if take.sum() < job.min_gpus:
+        return None
+    slots: Counter[tuple[int, int]] = Counter()
+    for t in map(int, np.flatnonzero(take)):
+        own = min(int(take[t]), int(free[t]))
+        free[t] -= own
+        for n, got in enumerate(_take_from_nodes(capacity, t, own)):
+            slots[n, t] += int(got)
+        lend = int(take[t]) - own
+        for by_node in pools:
+            for n in sorted(range(by_node.shape[0]), key=lambda n: (-by_node[n, t], n)):
+                got = min(lend, int(by_node[n, t]))
+                by_node[n, t] -= got
+                slots[n, t] += got
+                lend -= got
+    return {key: c for key, c in slots.items() if c}
 
 
 def _faster_later(job: PlanJob, rates: dict[str, float], types: tuple[str, ...], free: np.ndarray,
@@ -268,12 +331,16 @@ def _take_world(capacity: np.ndarray, world: OpenWorld, now: float, nodes: tuple
         _take_from_nodes(capacity, fits[0], job.count)
 
 
-def _take_from_nodes(capacity: np.ndarray, t: int, count: int) -> None:
-    """Take ``count`` GPUs of type ``t`` from ``capacity`` (in place), nodes with most free ones first."""
+def _take_from_nodes(capacity: np.ndarray, t: int, count: int) -> np.ndarray:
+    """Take ``count`` GPUs of type ``t`` from ``capacity`` (in place), nodes with most free ones first; how
+    many from each node."""
+    taken = np.zeros(capacity.shape[0], dtype=capacity.dtype)
     for i in sorted(range(capacity.shape[0]), key=lambda i: (-capacity[i, t], i)):
         got = min(count, int(capacity[i, t]))
         capacity[i, t] -= got
+        taken[i] = got
         count -= got
+    return taken
 
 
 def plan_with(name: str, allocator: Allocator, inp: PlanningInput, progress: Progress | None,
@@ -290,6 +357,10 @@ def plan_with(name: str, allocator: Allocator, inp: PlanningInput, progress: Pro
         order += 1
     for j, job in enumerate(admitted):
         plans[job.id] = _job_plan(job, problem.to_allocation(slots[j]), rates[job.id], inp, order, priors[job.id],
+                                  proportional=proportional)
+        order += 1
+    for job, job_slots in ctx.backfilled:  # not co-location hosts: a joiner would outlive the time limit
+        plans[job.id] = _job_plan(job, problem.to_allocation(job_slots), rates[job.id], inp, order, priors[job.id],
                                   proportional=proportional)
         order += 1
     by_id = {j.id: j for j in inp.jobs}

@@ -168,7 +168,7 @@ def test_replan_leaves_a_pending_job_where_it_waits_when_moving_does_not_pay(
 # --------------------------------------------------------------------------- a site's wait limit (max_wait_h)
 
 
-def test_a_job_pending_past_the_sites_wait_limit_keeps_the_free_v100s_from_a_narrower_job(
+def test_a_job_pending_past_the_sites_wait_limit_keeps_the_free_v100s_but_backfills_one_that_ends_first(
         tmp_path: Path, state_dir: Path, leftovers: list[str]) -> None:
     env = {"SLURMHET_CONFIG": str(tmp_path / "config.yaml")}
     (tmp_path / "config.yaml").write_text("max_wait_h: 0.005\n")  # 18 s
@@ -187,6 +187,12 @@ def test_a_job_pending_past_the_sites_wait_limit_keeps_the_free_v100s_from_a_nar
     assert "(overdue: first in order, free GPUs kept for it)" in rows[first["job_id"]]["reason"], rows
     assert "free GPUs are kept for 1 overdue job(s)" in rows[second["job_id"]]["reason"], rows
     assert rows[first["job_id"]]["planned_start"] <= rows[second["job_id"]]["planned_start"], rows
+    # A job whose time limit (1 min) ends before the blocker's (5 min), so before the wide job can start,
+    # runs on a kept v100 now, as Slurm's backfill would start it.
+    (short,) = submit(state_dir, write(tmp_path / "s.yaml", resnet("short", 10, "v100", extra="time_limit: 1\n")),
+                      env=env)
+    assert short["state"] == "SUBMITTED", short
+    assert wait_for(state_dir, [short["job_id"]], timeout=90)[short["job_id"]]["state"] == "COMPLETED"
     scancel([blocker])
     deadline = time.monotonic() + 60
     while True:

@@ -49,7 +49,8 @@ def test_wrong_predictions_make_stragglers() -> None:
 
 
 @pytest.mark.parametrize("field,value", [("samples_remaining", 0), ("global_batch", -1), ("model_size_mb", -5.0),
-                                         ("min_gpus", 0), ("weight", 0.0), ("gpu_memory_gb", 0.0)])
+                                         ("min_gpus", 0), ("weight", 0.0), ("gpu_memory_gb", 0.0),
+                                         ("time_limit_s", 0.0), ("time_limit_s", float("inf"))])
 def test_bad_sizes_name_job_and_field(field: str, value: float) -> None:
     kwargs = {"samples_remaining": 100.0, "global_batch": 8, field: value}
     with pytest.raises(InputError) as err:
@@ -72,6 +73,7 @@ jobs:
     work: {epochs: 2, dataset_size: 50000}
     gpus: {min: 1, max: 4, types: [v100, t4]}
     weight: 2
+    time_limit: "1:30"
   - name: custom
     workload: {model: MyNet, batch_size: 32}
     command: [python, train.py]
@@ -86,6 +88,7 @@ def test_plan_job_from_spec() -> None:
     assert job.workload == "ResNet-18 (batch size 64)"
     assert job.samples_remaining == 90_000 and job.samples_per_sync == 128 and job.samples_per_epoch == 50_000
     assert job.model_size_mb == pytest.approx(44.7) and job.allowed_types == ("v100", "t4") and job.weight == 2
+    assert job.time_limit_s == 5_400.0  # Slurm ends it by then: what backfill may rely on
     with pytest.raises(InputError) as err:
         plan_job_from_spec("18", custom, 0.0)
     assert "custom" in err.value.cause and "model_size_mb" in err.value.cause

@@ -129,6 +129,52 @@ def test_an_overdue_job_goes_first_and_the_free_gpus_it_may_use_are_kept_for_it(
     assert wide.order < narrow.order
 
 
+def backfill_case(limit_s: float | None):
+    # As overdue_case, the wait limit on, and a third job: 1 v100 for 50 s (5,000 samples), time limit
+    # ``limit_s``. The wide job cannot start before 7,300 s, when the hold ends.
+    world = OpenWorld(holds=(Hold("nodea", "v100", 2, 0.0, 7_300.0, "job", "job 1 (alice)"),))
+    jobs = (PlanJob("wide", W, 40_000.0, 64, min_gpus=4, max_gpus=4, allowed_types=("v100",), submitted_at=0.0),
+            PlanJob("narrow", W, 30_000.0, 64, max_gpus=1, allowed_types=("v100",), submitted_at=7_000.0),
+            PlanJob("short", W, 5_000.0, 64, max_gpus=1, allowed_types=("v100",), submitted_at=7_100.0,
+                    time_limit_s=limit_s))
+    return PLAN(PlanningInput(jobs, NODES, TABLE, now=7_200.0, world=world, max_wait_s=3_600.0))
+
+
+def test_a_job_whose_time_limit_ends_before_the_overdue_job_can_start_runs_on_its_kept_gpus() -> None:
+    plan = backfill_case(60.0)  # Slurm ends it by 7,260 s
+    short = plan.job("short")
+    assert short.allocation is not None and short.allocation.by_type() == {"v100": 1}
+    assert short.start_s == pytest.approx(7_200.0) and short.finish_s == pytest.approx(7_250.0)
+    # The overdue job still starts when the hold ends, and the narrow job (no time limit) still waits.
+    wide, narrow = plan.job("wide"), plan.job("narrow")
+    assert wide.allocation is None and wide.start_s == pytest.approx(7_300.0)
+    assert narrow.allocation is None and narrow.start_s == pytest.approx(7_400.0)
+
+
+@pytest.mark.parametrize("limit_s", [None, 120.0])
+def test_a_job_without_a_time_limit_or_with_one_past_the_overdue_jobs_start_waits(limit_s: float | None) -> None:
+    plan = backfill_case(limit_s)  # 7,320 s is past 7,300 s, though its predicted end (7,250 s) is not
+    assert plan.job("short").allocation is None and plan.job("narrow").allocation is None
+    assert plan.job("wide").start_s == pytest.approx(7_300.0)
+    assert "kept for 1 overdue job(s)" in (plan.job("short").wait_reason or "")
+
+
+@pytest.mark.parametrize("limit_s,backfilled", [(90.0, True), (150.0, False)])
+def test_backfill_counts_our_own_running_jobs_predicted_ends(limit_s: float, backfilled: bool) -> None:
+    # Our own job runs on 2 v100s for 100 s more (20,000 samples at 200/s): the overdue wide job cannot
+    # start before 7,300 s, so a job that Slurm ends by 7,290 s may use the 2 v100s kept for it.
+    running = PlanJob("running", W, 20_000.0, 64, min_gpus=2, max_gpus=2, allowed_types=("v100",),
+                      current=Allocation.of({("nodea", "v100"): 2}))
+    jobs = (running,
+            PlanJob("wide", W, 40_000.0, 64, min_gpus=4, max_gpus=4, allowed_types=("v100",), submitted_at=0.0),
+            PlanJob("short", W, 5_000.0, 64, max_gpus=1, allowed_types=("v100",), submitted_at=7_100.0,
+                    time_limit_s=limit_s))
+    plan = PLAN(PlanningInput(jobs, NODES, TABLE, now=7_200.0, max_wait_s=3_600.0))
+    assert plan.job("running").finish_s == pytest.approx(7_300.0)
+    assert (plan.job("short").allocation is not None) is backfilled
+    assert plan.job("wide").start_s == pytest.approx(7_300.0)
+
+
 def test_an_overdue_job_that_started_keeps_its_gpus_when_the_plan_may_move_running_jobs() -> None:
     # One v100; a plan that may move running jobs (the simulator's) lists the running one as pending too.
     # Without the limit the new job, with less GPU-time left, takes the v100; with it, the running job
