@@ -90,6 +90,8 @@ class _Context:
     overdue: frozenset[str]
     #: Jobs started now on GPUs kept for overdue jobs, on fixed slots the allocator does not see.
     backfilled: list[tuple[PlanJob, Slots]]
+    #: Per overdue job, the earliest it could start (:func:`_earliest_starts`): backfill ends by then.
+    earliest: dict[str, float]
 
 
 def build_problem(inp: PlanningInput) -> Problem:
@@ -136,6 +138,7 @@ def _prepare(inp: PlanningInput) -> tuple[Problem, _Context]:
     pending = sorted((j for j in inp.jobs if j not in pinned),
                      key=lambda j: (j.id not in overdue, j.submitted_at if j.id in overdue else 0.0,
                                     wspt_key(j, rates[j.id], inventory.inter_node_gbps)))
+    earliest = _earliest_starts([j for j in pending if j.id in overdue], rates, types, inp, pinned)
     free = capacity.sum(axis=0)
     held: Counter[str] = Counter()
     for job in pinned:
@@ -162,7 +165,7 @@ def _prepare(inp: PlanningInput) -> tuple[Problem, _Context]:
                 by_node = np.zeros_like(capacity)
                 for t in np.flatnonzero(got):
                     by_node[:, t] = _take_from_nodes(capacity, int(t), int(got[t]))
-                kept.append((_earliest_start(job, rates[job.id], types, inp, pinned, rates), by_node))
+                kept.append((earliest[job.id], by_node))
             continue
         faster = _faster_later(job, rates[job.id], types, free, take, inp) if inp.world.holds else None
         if faster is not None:
@@ -186,29 +189,25 @@ def _prepare(inp: PlanningInput) -> tuple[Problem, _Context]:
                       inventory.inter_node_gbps, inp.seed, preemptive=not inp.pin_running,
                       move_penalty=inp.move_penalty)
     return problem, _Context(inventory, types, rates, priors, pinned, admitted, waiting, waits_for, overdue,
-                             backfilled)
+                             backfilled, earliest)
 
 
-def _earliest_start(job: PlanJob, rates: dict[str, float], types: tuple[str, ...], inp: PlanningInput,
-                    pinned: Sequence[PlanJob], all_rates: Mapping[str, dict[str, float]]) -> float:
-    """The earliest time ``min_gpus`` of the job's types are free: pinned jobs end as predicted, other users'
-    holds (counted from ``world.lookahead_s`` before their start) end when expected, and no other waiting
-    job is served first. It can only start later, so a job that ends by then never delays it."""
+def _earliest_starts(jobs: Sequence[PlanJob], rates: Mapping[str, dict[str, float]], types: tuple[str, ...],
+                     inp: PlanningInput, pinned: Sequence[PlanJob]) -> dict[str, float]:
+    """Per job, the earliest time ``min_gpus`` of its types are free: pinned jobs end as predicted, other
+    users' holds (counted from ``world.lookahead_s`` before their start) end when expected, and no other
+    job of ours is served first. It can only start later, so a job that ends by then never delays it."""
+    if not jobs:
+        return {}
     timeline = _Timeline(types, capacity_total(inp.inventory.usable(), types))
     for other in pinned:
-        run = allocation_run_seconds(other, other.current, all_rates[other.id], inp.inventory)  # type: ignore[arg-type]
+        run = allocation_run_seconds(other, other.current, rates[other.id], inp.inventory)  # type: ignore[arg-type]
         timeline.hold(inp.now, inp.now + run, other.current.by_type())  # type: ignore[union-attr]
     for hold in inp.world.holds:
         if hold.gpu_type in types and hold.end_s > inp.now:
             timeline.hold(max(hold.start_s - inp.world.lookahead_s, inp.now), hold.end_s, {hold.gpu_type: hold.count})
-    allowed = np.array([t in rates for t in types])
-    clock = inp.now
-    timeline.settle(clock)
-    while timeline.free()[allowed].sum() < job.min_gpus:
-        if not timeline.events:
-            return np.inf
-        clock = timeline.next_change(clock)
-    return clock
+    return {job.id: timeline.earliest_total(inp.now, np.array([t in rates[job.id] for t in types]), job.min_gpus)
+            for job in jobs}
 
 
 def _backfill(job: PlanJob, rates: dict[str, float], types: tuple[str, ...], capacity: np.ndarray, free: np.ndarray,
@@ -376,7 +375,7 @@ def plan_with(name: str, allocator: Allocator, inp: PlanningInput, progress: Pro
             plans[job_id] = plan
     still = [j for j in waiting if j.id not in plans]
     for plan in _list_schedule(still, plans, rates, priors, capacity_total(inventory, types), types, inp, order,
-                               ctx.waits_for, ctx.overdue):
+                               ctx.waits_for, ctx.overdue, ctx.earliest):
         plans[plan.job_id] = plan
     return Plan(name, tuple(plans[j.id] for j in inp.jobs), inp.now)
 
@@ -439,7 +438,7 @@ def _job_plan(job: PlanJob, allocation: Allocation, rates: dict[str, float], inp
 def _list_schedule(waiting: list[PlanJob], plans: dict[str, JobPlan], rates: dict[str, dict[str, float]],
                    priors: dict[str, tuple[str, ...]], total: np.ndarray, types: tuple[str, ...],
                    inp: PlanningInput, order: int, waits_for: dict[str, str],
-                   overdue: frozenset[str]) -> list[JobPlan]:
+                   overdue: frozenset[str], earliest: Mapping[str, float]) -> list[JobPlan]:
     """Predict start times of waiting jobs by replaying admission each time GPUs free up.
 
     At now and at each predicted release, the waiting jobs are taken in order and each one whose
@@ -451,7 +450,9 @@ def _list_schedule(waiting: list[PlanJob], plans: dict[str, JobPlan], rates: dic
     still run when the hold begins) to their expected end, and foreign jobs Slurm starts ahead of ours
     take GPUs first, each at the earliest time they fit. A capped user's job also waits until the user's
     own jobs leave room under the cap. An ``overdue`` job (first in order) that does not fit keeps the
-    free GPUs it may use from every job after it, as admission keeps them.
+    free GPUs it may use from every job after it, as admission keeps them; a job whose time limit ends
+    by the overdue job's ``earliest`` start (the one admission used) may start on them, as admission
+    backfills.
     """
     users = {j.id: j.user for j in inp.jobs}
     caps = inp.world.gpu_caps
@@ -475,6 +476,8 @@ def _list_schedule(waiting: list[PlanJob], plans: dict[str, JobPlan], rates: dic
     queues = list(kinds.values())
     kind_of = {i: g for g, queue in enumerate(queues) for i in queue}
     late = [i for i, job in enumerate(waiting) if job.id in overdue]
+    limited = [i for i, job in enumerate(waiting) if job.time_limit_s is not None and job.id not in overdue]
+    backfills: set[int] = set()
     need = np.array([k[1] for k in kinds], dtype=int)
     allowed = np.array([[t in k[0] for t in types] for k in kinds], dtype=int).reshape(len(kinds), len(types))
     started: dict[int, tuple[float, np.ndarray, JobPlan]] = {}
@@ -484,6 +487,7 @@ def _list_schedule(waiting: list[PlanJob], plans: dict[str, JobPlan], rates: dic
         capped: set[int] = set()
         while True:
             left, g = timeline.free(), None
+            keeps: list[tuple[int, np.ndarray]] = []
             for i in late:  # overdue jobs first: each that fits starts, each that does not keeps what is free
                 cap = caps.get(waiting[i].user)
                 if i in started or (cap is not None and timeline.used_by(waiting[i].user) + waiting[i].min_gpus > cap):
@@ -493,11 +497,25 @@ def _list_schedule(waiting: list[PlanJob], plans: dict[str, JobPlan], rates: dic
                     g = kind_of[i]
                     break
                 left = left - kept
+                keeps.append((i, kept))
             if g is None:
                 fits = [g for g in np.flatnonzero(allowed @ left >= need)
                         if queues[g] and g not in capped and waiting[queues[g][0]].id not in overdue]
                 if not fits:
-                    break
+                    pick = _backfill_pick(waiting, limited, started, keeps, earliest, timeline, clock, left, rates,
+                                          types, caps)
+                    if pick is None:
+                        break
+                    i, take = pick
+                    job = waiting[i]
+                    plan = _job_plan(job, _at_start(take, types), rates[job.id], inp, order + i, priors[job.id],
+                                     start=clock)
+                    timeline.hold(clock, plan.finish_s, {types[t]: int(c) for t, c in enumerate(take) if c}, job.user)
+                    timeline.settle(clock)
+                    queues[kind_of[i]].remove(i)
+                    started[i] = (clock, take, plan)
+                    backfills.add(i)
+                    continue
                 g = min(fits, key=lambda g: queues[g][0])
             i = queues[g][0]
             job, cap = waiting[i], caps.get(waiting[i].user)
@@ -520,6 +538,8 @@ def _list_schedule(waiting: list[PlanJob], plans: dict[str, JobPlan], rates: dic
         if i in started:
             clock, take, plan = started[i]
             order_note = ("overdue: first in order, free GPUs kept for it" if job.id in overdue
+                          else "backfill: its time limit ends before the overdue job(s) it passes can start"
+                          if i in backfills
                           else "GPU-time order" + (f"; free GPUs are kept for {len(late)} overdue job(s)" if late
                                                    else ""))
             reason = (f"waits for {job.min_gpus} GPU(s) of {', '.join(sorted(rates[job.id]))}; "
@@ -535,6 +555,30 @@ def _list_schedule(waiting: list[PlanJob], plans: dict[str, JobPlan], rates: dic
                               "wait_reason": waits_for.get(job.id, reason),
                               "waits_on": tuple(sorted(types[t] for t, c in enumerate(take) if c))}))
     return out
+
+
+def _backfill_pick(waiting: list[PlanJob], limited: list[int], started: Mapping[int, object],
+                   keeps: list[tuple[int, np.ndarray]], earliest: Mapping[str, float], timeline: _Timeline,
+                   clock: float, left: np.ndarray, rates: dict[str, dict[str, float]], types: tuple[str, ...],
+                   caps: Mapping[str, int]) -> tuple[int, np.ndarray] | None:
+    """The first waiting job with a time limit that fits, at ``clock``, what is free and what is kept for the
+    overdue jobs whose ``earliest`` start its limit ends by (admission's backfill); and its GPUs by type."""
+    if not keeps:
+        return None
+    for i in limited:
+        job = waiting[i]
+        cap = caps.get(job.user)
+        if i in started or (cap is not None and timeline.used_by(job.user) + job.min_gpus > cap):
+            continue
+        ends = clock + job.time_limit_s  # type: ignore[operator]
+        pool = left.copy()
+        for o, kept in keeps:
+            if earliest[waiting[o].id] >= ends:
+                pool += kept
+        take = _fastest_free(job, rates[job.id], types, pool)
+        if take.sum() == job.min_gpus:
+            return i, take
+    return None
 
 
 def _at_start(take: np.ndarray, types: tuple[str, ...]) -> Allocation:
@@ -589,6 +633,18 @@ class _Timeline:
 
     def used_by(self, user: str) -> int:
         return self.by_user[user]
+
+    def earliest_total(self, clock: float, allowed: np.ndarray, count: int) -> float:
+        """When ``count`` GPUs of the ``allowed`` types (a mask) are first free together from ``clock`` on, without
+        consuming time; inf when they never are."""
+        probe = _Timeline(self.types, self.total)
+        probe.busy, probe.events, probe.sequence = self.busy.copy(), list(self.events), self.sequence
+        probe.settle(clock)
+        while probe.free()[allowed].sum() < count:
+            if not probe.events:
+                return np.inf
+            clock = probe.next_change(clock)
+        return clock
 
     def earliest(self, clock: float, gpu_types: tuple[str, ...], count: int) -> tuple[float, str | None]:
         """When ``count`` GPUs of one of ``gpu_types`` are first free from ``clock`` on, without consuming time.

@@ -175,6 +175,25 @@ def test_backfill_counts_our_own_running_jobs_predicted_ends(limit_s: float, bac
     assert plan.job("wide").start_s == pytest.approx(7_300.0)
 
 
+def test_the_forecast_backfills_as_admission_does_when_kept_gpus_free_up_later() -> None:
+    # All 4 v100s are busy now: 2 held by another user until 7,300 s, 2 by our own job until 7,250 s. The
+    # overdue wide job keeps the 2 that free up at 7,250 s; a 30 s job that Slurm ends by 40 s after its
+    # start fits the gap before 7,300 s, so it is predicted to start at 7,250 s, and the wide job still at 7,300.
+    world = OpenWorld(holds=(Hold("nodea", "v100", 2, 0.0, 7_300.0, "job", "job 1 (alice)"),))
+    running = PlanJob("running", W, 10_000.0, 64, min_gpus=2, max_gpus=2, allowed_types=("v100",),
+                      current=Allocation.of({("nodea", "v100"): 2}))
+    jobs = (running,
+            PlanJob("wide", W, 40_000.0, 64, min_gpus=4, max_gpus=4, allowed_types=("v100",), submitted_at=0.0),
+            PlanJob("short", W, 3_000.0, 64, max_gpus=1, allowed_types=("v100",), submitted_at=7_100.0,
+                    time_limit_s=40.0),
+            PlanJob("narrow", W, 3_000.0, 64, max_gpus=1, allowed_types=("v100",), submitted_at=7_100.0))
+    plan = PLAN(PlanningInput(jobs, NODES, TABLE, now=7_200.0, world=world, max_wait_s=3_600.0))
+    short, wide, narrow = plan.job("short"), plan.job("wide"), plan.job("narrow")
+    assert short.allocation is None and short.start_s == pytest.approx(7_250.0)
+    assert "backfill" in (short.wait_reason or "")
+    assert wide.start_s == pytest.approx(7_300.0) and narrow.start_s == pytest.approx(7_400.0)
+
+
 def test_an_overdue_job_that_started_keeps_its_gpus_when_the_plan_may_move_running_jobs() -> None:
     # One v100; a plan that may move running jobs (the simulator's) lists the running one as pending too.
     # Without the limit the new job, with less GPU-time left, takes the v100; with it, the running job
