@@ -203,9 +203,7 @@ def _earliest_starts(jobs: Sequence[PlanJob], rates: Mapping[str, dict[str, floa
     for other in pinned:
         run = allocation_run_seconds(other, other.current, rates[other.id], inp.inventory)  # type: ignore[arg-type]
         timeline.hold(inp.now, inp.now + run, other.current.by_type())  # type: ignore[union-attr]
-    for hold in inp.world.holds:
-        if hold.gpu_type in types and hold.end_s > inp.now:
-            timeline.hold(max(hold.start_s - inp.world.lookahead_s, inp.now), hold.end_s, {hold.gpu_type: hold.count})
+    timeline.hold_world(inp.world, inp.now)
     return {job.id: timeline.earliest_total(inp.now, np.array([t in rates[job.id] for t in types]), job.min_gpus)
             for job in jobs}
 
@@ -460,10 +458,7 @@ def _list_schedule(waiting: list[PlanJob], plans: dict[str, JobPlan], rates: dic
     for p in plans.values():
         if p.allocation:
             timeline.hold(inp.now, p.finish_s, p.allocation.by_type(), users.get(p.job_id, ""))
-    for hold in inp.world.holds:
-        if hold.gpu_type in types and hold.end_s > inp.now:
-            start = max(hold.start_s - inp.world.lookahead_s, inp.now)
-            timeline.hold(start, hold.end_s, {hold.gpu_type: hold.count})
+    timeline.hold_world(inp.world, inp.now)
     for ahead in inp.world.ahead:
         start, gpu_type = timeline.earliest(inp.now, ahead.gpu_types, ahead.count)
         if gpu_type is not None:
@@ -634,11 +629,23 @@ class _Timeline:
     def used_by(self, user: str) -> int:
         return self.by_user[user]
 
+    def hold_world(self, world: OpenWorld, now: float) -> None:
+        """Other users' holds of known types, from ``world.lookahead_s`` before their start (as admission
+        counts them: a job started then would still run when the hold begins) to their expected end."""
+        for hold in world.holds:
+            if hold.gpu_type in self.types and hold.end_s > now:
+                self.hold(max(hold.start_s - world.lookahead_s, now), hold.end_s, {hold.gpu_type: hold.count})
+
+    def _probe(self) -> _Timeline:
+        """A copy to look ahead in without consuming this timeline's events."""
+        probe = _Timeline(self.types, self.total)
+        probe.busy, probe.events, probe.sequence = self.busy.copy(), list(self.events), self.sequence
+        return probe
+
     def earliest_total(self, clock: float, allowed: np.ndarray, count: int) -> float:
         """When ``count`` GPUs of the ``allowed`` types (a mask) are first free together from ``clock`` on, without
         consuming time; inf when they never are."""
-        probe = _Timeline(self.types, self.total)
-        probe.busy, probe.events, probe.sequence = self.busy.copy(), list(self.events), self.sequence
+        probe = self._probe()
         probe.settle(clock)
         while probe.free()[allowed].sum() < count:
             if not probe.events:
@@ -652,8 +659,7 @@ class _Timeline:
         Used for foreign jobs ahead of ours: each is placed at its own earliest fit, so one waiting for a
         busy type does not delay the others on the timeline.
         """
-        probe = _Timeline(self.types, self.total)
-        probe.busy, probe.events, probe.sequence = self.busy.copy(), list(self.events), self.sequence
+        probe = self._probe()
         known = [self.types.index(t) for t in gpu_types if t in self.types]
         probe.settle(clock)
         while True:
