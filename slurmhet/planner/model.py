@@ -105,6 +105,9 @@ class PlanJob:
     #: Slurm ends the job this long after it starts (its spec's ``time_limit``): a bound on its run that
     #: lets it use GPUs kept for an overdue job when it ends before that job can start. None: no limit known.
     time_limit_s: float | None = None
+    #: In Slurm's queue on ``current`` but not started: past the wait limit it is planned as an overdue waiting
+    #: job on those types (Slurm serves it before younger jobs there), not as holding ``current``.
+    queued: bool = False
 
     def __post_init__(self) -> None:
         checks = (
@@ -343,13 +346,14 @@ def equal_share_seconds(job: PlanJob, rates_all_gpus: float, gpus: int, jobs: in
 
 
 def plan_job_from_spec(job_id: str, spec: JobSpec, submitted_at: float, *, samples_done: float = 0.0,
-                       current: Allocation | None = None, user: str = "", startup_s: float = 0.0) -> PlanJob:
+                       current: Allocation | None = None, user: str = "", startup_s: float = 0.0,
+                       queued: bool = False) -> PlanJob:
     """Turn a user's JobSpec into a PlanJob (pure).
 
     DDP all-reduces every step, so one sync per ``global_batch`` samples;
     local-SGD jobs average once per epoch. A missing ``model_size_mb`` takes the
     known model's size; multi-GPU jobs of unknown models must give it. ``startup_s``
-    is charged only to a job not running yet (``current`` unset): a running one paid it.
+    is charged only to a job not running yet (``current`` unset, or ``queued`` in Slurm): a running one paid it.
     """
     model = canonical_model(spec.workload.model)
     size = spec.model_size_mb
@@ -375,7 +379,7 @@ def plan_job_from_spec(job_id: str, spec: JobSpec, submitted_at: float, *, sampl
             samples_per_epoch=epoch, sync=spec.sync, min_gpus=spec.gpus.min, max_gpus=spec.gpus.max,
             allowed_types=spec.gpus.types, weight=spec.weight, priority=spec.priority, colocate=spec.colocate,
             gpu_memory_gb=spec.gpu_memory_gb, submitted_at=submitted_at, current=current, user=user,
-            startup_s=startup_s if current is None else 0.0,
+            startup_s=startup_s if current is None or queued else 0.0, queued=queued,
             cpus_per_gpu=spec.cpus_per_gpu or 1, mem_per_gpu_mb=spec.mem_per_gpu_mb or 0,
             time_limit_s=60.0 * spec.time_limit_min if spec.time_limit_min else None,
         )

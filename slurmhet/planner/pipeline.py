@@ -11,8 +11,10 @@ A policy is an *allocator* (``Problem -> per-job node slots``) wrapped by
    minimum, over its weight) while their minimum GPU counts fit; the rest wait.
    A job that has waited ``PlanningInput.max_wait_s`` is overdue and goes first,
    oldest first; while it does not fit, the free GPUs it may use are kept for it,
-   so a stream of narrower jobs cannot starve it. A later job whose time limit
-   ends before an overdue job could start anyway may run on them (backfill);
+   so a stream of narrower jobs cannot starve it (one the live path queued in
+   Slurm, ``PlanJob.queued``, is planned so too, on the types it is queued for).
+   A later job whose time limit ends before an overdue job could start anyway
+   may run on them (backfill);
 4. runs the allocator on the admitted jobs and checks its answer (capacity,
    min/max, allowed types) so that no policy can return an impossible plan;
 5. co-locates waiting single-GPU jobs that allow it (seed 002) and predicts
@@ -96,7 +98,23 @@ class _Context:
 
 def build_problem(inp: PlanningInput) -> Problem:
     """The Problem a policy would see: admitted jobs on the GPUs not held by pinned running jobs."""
-    return _prepare(inp)[0]
+    return _prepare(_queued_as_waiting(inp))[0]
+
+
+def _overdue(job: PlanJob, inp: PlanningInput) -> bool:
+    return inp.max_wait_s is not None and inp.now - job.submitted_at >= inp.max_wait_s
+
+
+def _queued_as_waiting(inp: PlanningInput) -> PlanningInput:
+    """``inp`` with every overdue job waiting in Slurm's queue (``PlanJob.queued``) as a waiting job on the types
+    it is queued for: it holds no GPUs yet, and Slurm serves it before younger jobs there and reserves GPUs
+    for it, as admission puts an overdue job first and keeps GPUs for it. It is already in Slurm, so it is
+    never dispatched again (its candidate keeps its stored allocation)."""
+    if inp.max_wait_s is None or not any(j.queued for j in inp.jobs):
+        return inp
+    return replace(inp, jobs=tuple(
+        replace(j, current=None, allowed_types=tuple(j.current.by_type()))
+        if j.queued and j.current is not None and _overdue(j, inp) else j for j in inp.jobs))
 
 
 def _prepare(inp: PlanningInput) -> tuple[Problem, _Context]:
@@ -133,8 +151,7 @@ def _prepare(inp: PlanningInput) -> tuple[Problem, _Context]:
                              hint=f"lower gpus.min to {caps[job.user]} or ask for a larger GPU limit")
     # A plan that may move running jobs lists them here too: an overdue one that has started keeps its
     # rank, so no younger job takes its GPUs (as pinning does on a live cluster).
-    overdue = frozenset(j.id for j in inp.jobs if j not in pinned and inp.max_wait_s is not None
-                        and inp.now - j.submitted_at >= inp.max_wait_s)
+    overdue = frozenset(j.id for j in inp.jobs if j not in pinned and _overdue(j, inp))
     pending = sorted((j for j in inp.jobs if j not in pinned),
                      key=lambda j: (j.id not in overdue, j.submitted_at if j.id in overdue else 0.0,
                                     wspt_key(j, rates[j.id], inventory.inter_node_gbps)))
@@ -342,6 +359,7 @@ def _take_from_nodes(capacity: np.ndarray, t: int, count: int) -> np.ndarray:
 
 def plan_with(name: str, allocator: Allocator, inp: PlanningInput, progress: Progress | None,
               proportional: bool = True) -> Plan:
+    inp = _queued_as_waiting(inp)
     problem, ctx = _prepare(inp)
     inventory, types, rates, priors = ctx.inventory, ctx.types, ctx.rates, ctx.priors
     pinned, admitted, waiting = ctx.pinned, ctx.admitted, ctx.waiting

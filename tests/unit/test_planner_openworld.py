@@ -194,6 +194,37 @@ def test_the_forecast_backfills_as_admission_does_when_kept_gpus_free_up_later()
     assert wide.start_s == pytest.approx(7_300.0) and narrow.start_s == pytest.approx(7_400.0)
 
 
+def queued_case(queued: bool, submitted_at: float = 0.0):
+    # backfill_case(60 s) with the wide job already in Slurm's queue for nodea's 4 v100s (replan queued it
+    # there once overdue), though it may run on t4s too.
+    world = OpenWorld(holds=(Hold("nodea", "v100", 2, 0.0, 7_300.0, "job", "job 1 (alice)"),))
+    jobs = (PlanJob("wide", W, 40_000.0, 64, min_gpus=4, max_gpus=4, submitted_at=submitted_at,
+                    current=Allocation.of({("nodea", "v100"): 4}), queued=queued),
+            PlanJob("narrow", W, 30_000.0, 64, max_gpus=1, allowed_types=("v100",), submitted_at=7_000.0),
+            PlanJob("short", W, 5_000.0, 64, max_gpus=1, allowed_types=("v100",), submitted_at=7_100.0,
+                    time_limit_s=60.0))
+    return PLAN(PlanningInput(jobs, NODES, TABLE, now=7_200.0, world=world, max_wait_s=3_600.0))
+
+
+def test_an_overdue_job_queued_in_slurm_waits_first_on_its_queued_types_instead_of_holding_them() -> None:
+    plan = queued_case(queued=True)
+    wide, narrow, short = plan.job("wide"), plan.job("narrow"), plan.job("short")
+    # It holds nothing yet: it waits, first in order, for the v100s it is queued on (not the 4 free t4s),
+    # the 2 free v100s are kept for it, and the job that Slurm ends by 7,260 s backfills on one of them.
+    assert wide.allocation is None and wide.waits_on == ("v100",) and wide.start_s == pytest.approx(7_300.0)
+    assert "overdue: first in order" in (wide.wait_reason or "")
+    assert short.allocation is not None and short.allocation.by_type() == {"v100": 1}
+    assert narrow.allocation is None and narrow.start_s == pytest.approx(7_400.0)
+
+
+@pytest.mark.parametrize("queued,submitted_at", [(False, 0.0), (True, 7_000.0)])
+def test_a_job_in_slurm_that_is_not_queued_or_not_overdue_holds_its_gpus(queued: bool, submitted_at: float) -> None:
+    # Started (or not overdue yet): pinned where it is, as every job in Slurm is; nothing is kept or backfilled.
+    plan = queued_case(queued, submitted_at)
+    assert plan.job("wide").allocation == Allocation.of({("nodea", "v100"): 4})
+    assert plan.job("short").allocation is None and "kept for" not in (plan.job("short").wait_reason or "")
+
+
 def test_an_overdue_job_that_started_keeps_its_gpus_when_the_plan_may_move_running_jobs() -> None:
     # One v100; a plan that may move running jobs (the simulator's) lists the running one as pending too.
     # Without the limit the new job, with less GPU-time left, takes the v100; with it, the running job
