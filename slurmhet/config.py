@@ -43,8 +43,9 @@ class Settings:
     throughput_table: Path | None = None
     admin_group: str | None = None
     default_policy: str = "slurmhet"
-    #: A pending job that has waited this many hours goes ahead of all others and the GPUs it may use
-    #: are kept for it as they free up (None: the planner's order alone, which can starve a wide job).
+    #: A pending job that has waited this many hours goes ahead of all others, the GPUs it may use are
+    #: kept for it as they free up, and it is queued in Slurm (None: the planner's order alone, which can
+    #: starve a wide job).
     max_wait_h: float | None = None
     slurm: SlurmOverrides = field(default_factory=SlurmOverrides)
 

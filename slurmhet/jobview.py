@@ -89,7 +89,7 @@ def detail_lines(d: Mapping[str, Any]) -> list[str]:
         lines.append("  plan: " + ", ".join(f"{n}:{t}x{c}" for n, t, c in plan["placement"])
                      + f" ({plan['policy']}), start {plan['planned_start']}, predicted JCT "
                      + (f"{plan['predicted_jct_s']:.0f} s" if plan["predicted_jct_s"] is not None else "-"))
-    elif plan["wait_reason"]:
+    if plan["wait_reason"]:  # with a placement: an overdue job queued in Slurm there, and why
         lines.append(f"  plan: waits: {plan['wait_reason']}")
     for gpu, cell in d["throughput"].items():
         label = "PRIOR" if cell["source"] == "prior" else cell["source"]

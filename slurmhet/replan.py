@@ -33,8 +33,8 @@ from slurmhet.store import Database, Job, JobState, SlurmJob, add_event, list_jo
 from slurmhet.store.lock import dispatch_lock
 from slurmhet.store.models import ClusterSnapshot, ProgressMark, ThroughputObservation
 from slurmhet.shared_cluster import SharedCluster, read_shared
-from slurmhet.submission import (PLACED, UNPLACED, Candidate, Dispatcher, after_ok_of, cancel_doomed, candidate_of,
-                                 dependency_verdicts, describe, dispatches, with_verdicts,
+from slurmhet.submission import (PLACED, PLAIN_ROLES, UNPLACED, Candidate, Dispatcher, after_ok_of, cancel_doomed, candidate_of,
+                                 dependency_verdicts, describe, dispatches, queue_overdue, with_verdicts,
                                  foreign_gpu_nodes, next_round, plan_for, render_parts, stored_allocation,
                                  unplaceable)
 from slurmhet.site_table import learned_table, site_table
@@ -55,8 +55,6 @@ REQUEUE_HOLD = "BeginTime"
 #: sooner, and by at least MOVE_SHARE of its time left where it waits, so jobs do not flap.
 MOVE_MARGIN_S = 60.0
 MOVE_SHARE = 0.2
-#: Part roles one pending job may be moved out of (packs, arrays and their consolidations stay put).
-_MOVABLE_ROLES = frozenset({"batch", "het", "adopted"})
 
 
 @dataclass
@@ -234,7 +232,8 @@ def waiting_in_slurm(job: Job) -> Waiting | None:
     if job.state is not JobState.SUBMITTED or (job.started_at is not None and not again) or not parts \
             or alloc is None:
         return None
-    if any(p.state != "PENDING" or (p.started_at is not None and not again) or p.role not in _MOVABLE_ROLES
+    # Packs, arrays and their consolidations stay put: only a plain job's parts (PLAIN_ROLES) may move.
+    if any(p.state != "PENDING" or (p.started_at is not None and not again) or p.role not in PLAIN_ROLES
            for p in parts):
         return None
     return Waiting(job.id, tuple(sorted({p.slurm_job_id for p in parts})), tuple(sorted(alloc.by_type())),
@@ -425,15 +424,17 @@ class Replanner:
                         startup=startup, max_wait_s=self.settings.max_wait_s)
         ready = {c.job_id: c.spec for c in candidates
                  if c.current is None and c.owner == self.owner and c.job_id not in retry_capped}
+        plan, queued = queue_overdue(plan, candidates, ready, inventory, self.settings.max_wait_s)
         work = dispatches(plan, ready, self.profile, self.settings, inventory, self.db.instance, table=table,
                           steps_done={c.job_id: int(c.samples_done // c.spec.global_batch) for c in candidates},
                           rounds=rounds, busy_nodes=foreign_gpu_nodes(queue, self.db.instance),
-                          partitions=shared.partitions(), after_ok=after_ok_of(candidates))
+                          partitions=shared.partitions(), after_ok=after_ok_of(candidates), queued=queued)
         if dry_run:
             for d in work:
                 alloc = Allocation(d.fork.slots) if d.fork else plan.job(str(d.job_ids[0])).allocation
                 result.actions.append(f"submit job(s) {','.join(map(str, d.job_ids))}: {describe(alloc)}"
-                                      + (f" (forked into {len(d.fork.copies)} copies)" if d.fork else ""))
+                                      + (f" (forked into {len(d.fork.copies)} copies)" if d.fork else "")
+                                      + (" (overdue: queued in Slurm)" if queued & set(d.job_ids) else ""))
                 result.dry_run_parts += render_parts(d.parts)
             return result
         dispatcher = Dispatcher(self.db, self.client, self.profile, self.settings, self.runner)
@@ -443,6 +444,7 @@ class Replanner:
                 forked_note = f" forked into {len(d.fork.copies)} copies, round {d.fork.round}" if d.fork else ""
                 result.actions.append(f"job {outcome.job_id} ({outcome.name}): {outcome.state} {outcome.allocation}"
                                       + forked_note
+                                      + (" queued in Slurm (overdue)" if outcome.job_id in queued else "")
                                       + (f" Slurm {','.join(outcome.slurm_job_ids)}" if outcome.slurm_job_ids else "")
                                       + (f" ({outcome.reason})" if outcome.reason else ""))
         return result

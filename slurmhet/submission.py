@@ -55,6 +55,8 @@ PLACED = (JobState.SUBMITTED, JobState.RUNNING)
 FORK_ROUND_ENV = "SLURMHET_FORK_ROUND_S"
 #: Part roles of a forked round.
 FORK_ROLES = ("array", "consolidation")
+#: Part roles that are a whole plain job in Slurm's queue (not a pack, a forked round or an array of a sweep).
+PLAIN_ROLES = frozenset({"batch", "het", "adopted"})
 
 
 def current_user() -> str:
@@ -135,6 +137,8 @@ class Candidate:
     held: str = ""
     #: Slurm ids its predecessors run as: placed now, it goes to Slurm with ``--dependency=afterok`` on them.
     after_ok: tuple[str, ...] = ()
+    #: Pending in Slurm's queue on ``current``, never started (:attr:`PlanJob.queued`).
+    queued: bool = False
 
 
 def running_allocation(planned: Allocation, running: Sequence[tuple[str, int, str]]) -> Allocation:
@@ -236,8 +240,10 @@ def candidate_of(job: Job, samples_done: float = 0.0) -> Candidate:
                          held=IN_SLURM_AFTER)
     current = stored_allocation(job) if job.state in PLACED else None
     packs = [p.slurm_job_id for p in job.slurm_jobs if p.role == "pack"]
+    queued = (job.state is JobState.SUBMITTED and job.started_at is None and current is not None and bool(live)
+              and all(p.state == "PENDING" and p.started_at is None and p.role in PLAIN_ROLES for p in live))
     return Candidate(job.id, spec, job.created_at.timestamp(), current, samples_done, job.owner,
-                     packs[-1] if packs and current is not None else None)
+                     packs[-1] if packs and current is not None else None, queued=queued)
 
 
 def unplaceable(candidates: Sequence[Candidate], inventory: Inventory) -> dict[int, str]:
@@ -288,7 +294,7 @@ def plan_for(candidates: Sequence[Candidate], inventory: Inventory, table: Throu
     candidates = [c for c in candidates if c.pack is None or first_of_pack[c.pack] == c.job_id]
     reach = within_reach({c.job_id: c.owner for c in candidates}, shared, only)
     jobs = tuple(narrowed(plan_job_from_spec(str(c.job_id), c.spec, c.submitted_at, samples_done=c.samples_done,
-                                             current=c.current, user=c.owner,
+                                             current=c.current, user=c.owner, queued=c.queued,
                                              startup_s=startup.for_spec(c.spec)[0] if startup else 0.0),
                              reach.get(c.job_id), usable)
                  for c in candidates)
@@ -352,6 +358,42 @@ def describe(alloc: Allocation | None) -> str:
     return " + ".join(f"{c}x{t}@{n}" for n, t, c in alloc.slots)
 
 
+def queue_overdue(plan: Plan, candidates: Sequence[Candidate], ready: Mapping[int, JobSpec], inventory: Inventory,
+                  max_wait_s: float | None) -> tuple[Plan, frozenset[int]]:
+    """``plan`` with every ready job that is overdue and waits placed in Slurm's queue on its minimum GPUs of one
+    type it waits on, one node (no ``--nodelist``: any node of that type will do); and those jobs' ids.
+
+    Keeping free GPUs for an overdue job binds only slurmhet's own jobs; other users' pending jobs that Slurm
+    starts would still take each GPU that frees up. In Slurm's queue the job is ahead of every younger job
+    there, and Slurm's backfill reserves GPUs for it, so a younger job starts before it only where it ends
+    first. Of the types it waits on, the one with the most GPUs on one node is asked for; a job whose minimum
+    no node of those types holds stays in the store, waiting as before.
+    """
+    if max_wait_s is None:
+        return plan, frozenset()
+    plans = {jp.job_id: jp for jp in plan.jobs}
+    nodes = inventory.usable().nodes
+    queued: dict[str, JobPlan] = {}
+    for c in candidates:
+        jp = plans.get(str(c.job_id))
+        if c.job_id not in ready or c.current is not None or c.held or c.after_ok or jp is None \
+                or jp.allocation is not None or plan.now - c.submitted_at < max_wait_s:
+            continue
+        need = c.spec.gpus.min
+        fits = [(n.gpus.get(t, 0), t, n.name) for t in jp.waits_on for n in nodes if n.gpus.get(t, 0) >= need]
+        if not fits:
+            continue
+        _, gpu_type, node = min(fits, key=lambda f: (-f[0], f[1], f[2]))
+        queued[jp.job_id] = replace(
+            jp, allocation=Allocation.of({(node, gpu_type): need}), shard_weights=(1.0 / need,) * need,
+            wait_reason=f"{jp.wait_reason}; queued in Slurm for {need} x {gpu_type}, so that Slurm serves it "
+                        f"before younger jobs and reserves GPUs for it")
+    if not queued:
+        return plan, frozenset()
+    return (replace(plan, jobs=tuple(queued.get(jp.job_id, jp) for jp in plan.jobs)),
+            frozenset(int(i) for i in queued))
+
+
 def after_ok_of(candidates: Sequence[Candidate | None]) -> dict[int, tuple[str, ...]]:
     """The Slurm ids each chained candidate goes to Slurm after (``--dependency=afterok``)."""
     return {c.job_id: c.after_ok for c in candidates if c is not None and c.after_ok}
@@ -361,18 +403,20 @@ def dispatches(plan: Plan, ready: dict[int, JobSpec], profile: SiteProfile, sett
                inventory: Inventory, store_tag: str = "", *, table: ThroughputTable | None = None,
                steps_done: dict[int, int] | None = None, rounds: dict[int, int] | None = None,
                busy_nodes: frozenset[str] = frozenset(), partitions: Mapping[str, str] | None = None,
-               after_ok: Mapping[int, tuple[str, ...]] | None = None) -> list[Dispatch]:
+               after_ok: Mapping[int, tuple[str, ...]] | None = None,
+               queued: frozenset[int] = frozenset()) -> list[Dispatch]:
     """Parts for every ready job the plan places now; co-location groups become one pack each.
 
     With ``table``, HadarE's Job Forker offers the GPUs the plan leaves idle to forkable jobs;
     a job it forks is emitted as copies (arrays + a consolidation) for round ``rounds[job]``.
     A job in ``after_ok`` (its predecessors run in Slurm) goes alone, unforked and unpacked, with
     ``--dependency=afterok`` on them: a pack or a round would wait for it, or it for their end.
+    A ``queued`` job (:func:`queue_overdue`) goes alone too, as one plain job the move rule can judge.
     """
     after_ok = after_ok or {}
     emit = emit_settings(settings, store_tag, inventory, partitions)
     table = with_specs(table, ready.values()) if table is not None else None
-    forkable = {i: spec for i, spec in ready.items() if i not in after_ok}
+    forkable = {i: spec for i, spec in ready.items() if i not in after_ok and i not in queued}
     forks = job_forker(plan, inventory, table, forkable, steps_done=steps_done, rounds=rounds,
                        round_s=fork_round_s(), busy_nodes=busy_nodes) if table is not None else {}
     out: list[Dispatch] = []
@@ -390,6 +434,9 @@ def dispatches(plan: Plan, ready: dict[int, JobSpec], profile: SiteProfile, sett
                 round_steps=fork.round_steps), fork))
         elif job_plan.colocation_group and job_id not in after_ok:
             groups.setdefault(job_plan.colocation_group, []).append((job_id, spec, job_plan))
+        elif job_id in queued and not spec.entrypoint:
+            out.append(Dispatch((job_id,), (spec,), requests_for(job_id, spec, job_plan, profile, emit,
+                                                                   inventory=inventory)))
         elif not spec.entrypoint:
             singles += [(job_id, spec, part) for part in requests_for(
                 job_id, spec, job_plan, profile, emit, inventory=inventory, after_ok=after_ok.get(job_id, ()))]
@@ -643,6 +690,7 @@ def _plan_and_dispatch(db: Database, dispatcher_args: tuple[SlurmClient, SitePro
                     startup=startup, max_wait_s=settings.max_wait_s)
     # Everyone's jobs shape the plan; only the caller's own are submitted (sbatch runs as the caller).
     unplaced = [c for c in existing if c.current is None and c.owner == owner] + fresh
+    plan, queued = queue_overdue(plan, unplaced, {c.job_id: c.spec for c in unplaced}, inventory, settings.max_wait_s)
     dispatcher = Dispatcher(db, client, profile, settings, runner)
     dispatcher.record_plan(plan, [c.job_id for c in unplaced], unplaceable(unplaced, inventory), startup)
     results: dict[int, Outcome] = {}
@@ -653,7 +701,7 @@ def _plan_and_dispatch(db: Database, dispatcher_args: tuple[SlurmClient, SitePro
     for dispatch in dispatches(plan, {c.job_id: c.spec for c in unplaced}, profile, settings, inventory,
                                db.instance, table=table, steps_done=steps_done, rounds=rounds,
                                busy_nodes=foreign_gpu_nodes(queue, db.instance),
-                               partitions=shared.partitions(), after_ok=after_ok_of(unplaced)):
+                               partitions=shared.partitions(), after_ok=after_ok_of(unplaced), queued=queued):
         for outcome in dispatcher.submit(dispatch, plan):
             results[outcome.job_id] = outcome
     waiting = unplaceable(fresh, inventory)

@@ -168,7 +168,7 @@ def test_replan_leaves_a_pending_job_where_it_waits_when_moving_does_not_pay(
 # --------------------------------------------------------------------------- a site's wait limit (max_wait_h)
 
 
-def test_a_job_pending_past_the_sites_wait_limit_keeps_the_free_v100s_but_backfills_one_that_ends_first(
+def test_a_job_pending_past_the_sites_wait_limit_is_queued_in_slurm_ahead_of_younger_jobs_and_backfilled_around(
         tmp_path: Path, state_dir: Path, leftovers: list[str]) -> None:
     env = {"SLURMHET_CONFIG": str(tmp_path / "config.yaml")}
     (tmp_path / "config.yaml").write_text("max_wait_h: 0.005\n")  # 18 s
@@ -179,38 +179,45 @@ def test_a_job_pending_past_the_sites_wait_limit_keeps_the_free_v100s_but_backfi
     (first,) = submit(state_dir, write(tmp_path / "w.yaml", wide), env=env)
     assert first["state"] == "PENDING", first  # 2 of the 4 v100s are held
     time.sleep(20)
-    # The narrow job fits the 2 free v100s now; without the limit it would start there (the wide one
-    # does not fit, and admission skips it). The wide one is overdue: the free v100s are kept for it.
+    # The wide job is overdue: the next command that plans (this submit) queues it in Slurm for the 4 v100s.
+    # The narrow job fits the 2 free v100s; without the limit it would start there. It waits behind the
+    # overdue one, the free v100s kept for it.
     (second,) = submit(state_dir, write(tmp_path / "n.yaml", resnet("narrow", 10, "v100")), env=env)
     assert second["state"] == "PENDING", second
     rows = status(state_dir, env=env)
-    assert "(overdue: first in order, free GPUs kept for it)" in rows[first["job_id"]]["reason"], rows
+    assert rows[first["job_id"]]["state"] == "SUBMITTED", rows
+    (part,) = rows[first["job_id"]]["slurm"]
+    assert (part["state"], part["gpu_type"], part["gpus"]) == ("PENDING", "v100", 4), part
     assert "free GPUs are kept for 1 overdue job(s)" in rows[second["job_id"]]["reason"], rows
-    assert rows[first["job_id"]]["planned_start"] <= rows[second["job_id"]]["planned_start"], rows
+    detail = json.loads(cli("status", "--json", str(first["job_id"]), state=state_dir, env=env).stdout)
+    assert "queued in Slurm for 4 x v100" in detail["plan"]["wait_reason"], detail["plan"]
     # A job whose time limit (1 min) ends before the blocker's (5 min), so before the wide job can start,
-    # runs on a kept v100 now, as Slurm's backfill would start it.
+    # runs on a kept v100 now: slurmhet submits it, and Slurm's backfill starts it around the wide job.
     (short,) = submit(state_dir, write(tmp_path / "s.yaml", resnet("short", 10, "v100", extra="time_limit: 1\n")),
                       env=env)
     assert short["state"] == "SUBMITTED", short
     assert wait_for(state_dir, [short["job_id"]], timeout=90)[short["job_id"]]["state"] == "COMPLETED"
+    # Another user's younger job fits the 2 free v100s but would run past the blocker's limit: Slurm keeps
+    # it pending, as it does not let a lower-priority job delay the wide one (kept out of Slurm's queue,
+    # the wide job would not stop it).
+    younger = sbatch_foreign("--gres=gpu:v100:2", "-p", "v100", "-t", "10", "--nice=100000", "--wrap", "sleep 5")
+    leftovers.append(younger)
+    for _ in range(8):  # bf_interval=1, sched_interval=2: several passes of both schedulers
+        time.sleep(1)
+        assert squeue_state(younger)[0] == "PENDING", squeue_state(younger)
     scancel([blocker])
-    deadline = time.monotonic() + 60
-    while True:
-        out = replan(state_dir, env=env)
-        started = submitted_by(out.stdout)
-        if first["job_id"] in started:
-            break
-        assert second["job_id"] not in started, out.stdout  # never ahead of the overdue job
-        assert time.monotonic() < deadline, out.stdout
-        time.sleep(2)
-    assert "4xv100@nodea" in out.stdout, out.stdout
-    rows = wait_for(state_dir, [first["job_id"]], timeout=90)
-    assert rows[first["job_id"]]["state"] == "COMPLETED"
+    # Slurm starts the wide job itself: no replan submits it again.
+    rows = wait_for(state_dir, [first["job_id"]], timeout=120)
+    assert rows[first["job_id"]]["state"] == "COMPLETED", rows
+    assert [p["id"] for p in rows[first["job_id"]]["slurm"]] == [part["id"]], rows[first["job_id"]]["slurm"]
     deadline = time.monotonic() + 60
     while second["job_id"] not in submitted_by(replan(state_dir, env=env).stdout):
         assert time.monotonic() < deadline
         time.sleep(2)
-    assert wait_for(state_dir, [second["job_id"]], timeout=90)[second["job_id"]]["state"] == "COMPLETED"
+    assert wait_for(state_dir, [second["job_id"]], timeout=120)[second["job_id"]]["state"] == "COMPLETED"
+    wait_slurm(younger, ("COMPLETED", ""), timeout=120)  # "": squeue lists it no more
+    starts = {r.raw_id: r.start for r in accounting([part["id"], younger]) if not r.id.is_step}
+    assert starts[younger] >= starts[part["id"]], starts  # type: ignore[operator]
 
 
 # --------------------------------------------------------------------------- a QOS caps GPUs per user

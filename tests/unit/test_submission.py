@@ -1,12 +1,18 @@
-"""Planning over stored jobs: pinned packs, drained types (pure parts of slurmhet.submission)."""
+"""Planning over stored jobs: pinned packs, drained types, overdue jobs queued in Slurm (slurmhet.submission)."""
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
+from pathlib import Path
+
 from slurmhet.cluster import Inventory, Node
-from slurmhet.planner import Allocation
-from slurmhet.spec import load_text
-from slurmhet.store import Job, SlurmJob
-from slurmhet.submission import Candidate, plan_for, running_allocation, stored_allocation, unplaceable
+from slurmhet.config import Settings
+from slurmhet.planner import Allocation, Plan
+from slurmhet.slurm.profile import SiteProfile
+from slurmhet.spec import JobSpec, load_text
+from slurmhet.store import Database, Job, JobState, SlurmJob, create_job
+from slurmhet.submission import (Candidate, candidate_of, dispatches, plan_for, queue_overdue, render_parts,
+                                 running_allocation, stored_allocation, unplaceable)
 from slurmhet.throughput import ThroughputTable
 
 SPEC = load_text("name: a\ncommand: [x]\nworkload: {model: ResNet-18, batch_size: 64}\nwork: {steps: 50}\n"
@@ -64,3 +70,67 @@ def test_the_sites_wait_limit_keeps_a_free_gpu_for_an_overdue_wide_job() -> None
     plan = plan_for(candidates, inventory, TABLE, "slurmhet", now=7_200.0, max_wait_s=3_600.0)
     assert plan.job("2").allocation is None and plan.job("1").allocation is None
     assert "overdue" in (plan.job("1").wait_reason or "")
+
+
+WIDE = load_text("name: w\ncommand: [x]\nworkload: {model: ResNet-18, batch_size: 64}\nwork: {steps: 200}\n"
+                 "gpus: {types: [t4], min: 3, max: 3}\n", "w.yaml")[0]
+PROFILE = SiteProfile("22.05.8", True, 1001, 10**6, "gres", False, True, True)
+
+
+def overdue_wide(spec: JobSpec, max_wait_s: float | None) -> tuple[Plan, frozenset[int], list[Candidate]]:
+    # 2 of nodea's t4s and 2 of nodeb's 4 run our jobs: the overdue wide job (3 t4s) waits, and so does the
+    # narrow one behind it (the 2 free t4s are kept).
+    inventory = Inventory((Node("nodea", {"t4": 2}), Node("nodeb", {"t4": 4})))
+    candidates = [Candidate(9, SPEC, 0.0, Allocation((("nodea", "t4", 2),))),
+                  Candidate(8, SPEC, 0.0, Allocation((("nodeb", "t4", 2),))),
+                  Candidate(1, spec, 0.0), Candidate(2, SPEC, 7_000.0)]
+    plan = plan_for(candidates, inventory, TABLE, "slurmhet", now=7_200.0, max_wait_s=max_wait_s)
+    ready = {c.job_id: c.spec for c in candidates if c.current is None}
+    queued_plan, queued = queue_overdue(plan, candidates, ready, inventory, max_wait_s)
+    return queued_plan, queued, candidates
+
+
+def test_an_overdue_job_that_waits_is_queued_in_slurm_on_one_node_of_its_type_without_a_nodelist(
+        tmp_path: Path) -> None:
+    plan, queued, candidates = overdue_wide(WIDE, 3_600.0)
+    assert queued == {1}
+    wide = plan.job("1")
+    assert wide.allocation == Allocation((("nodeb", "t4", 3),))  # the one node that holds 3 t4s
+    assert "queued in Slurm for 3 x t4" in (wide.wait_reason or "")
+    assert plan.job("2").allocation is None  # not overdue: it waits in the store
+    settings = Settings(state_dir=tmp_path, database_url="sqlite://")
+    inventory = Inventory((Node("nodea", {"t4": 2}), Node("nodeb", {"t4": 4})))
+    work = dispatches(plan, {1: WIDE, 2: SPEC}, PROFILE, settings, inventory, queued=queued)
+    assert [d.job_ids for d in work] == [(1,)]
+    [rendered] = render_parts(work[0].parts)
+    argv = rendered["argv"]
+    assert rendered["role"] == "batch"
+    assert "--gres=gpu:t4:3" in argv and not any(a.startswith("--nodelist") for a in argv)
+
+
+def test_no_job_is_queued_without_a_wait_limit_or_when_no_node_holds_its_minimum() -> None:
+    assert overdue_wide(WIDE, None)[1] == frozenset()
+    five = load_text("name: f\ncommand: [x]\nworkload: {model: ResNet-18, batch_size: 64}\nwork: {steps: 200}\n"
+                     "gpus: {types: [t4], min: 5, max: 5}\n", "f.yaml")[0]
+    plan, queued, _ = overdue_wide(five, 3_600.0)
+    assert queued == frozenset() and plan.job("1").allocation is None
+    assert "overdue" in (plan.job("1").wait_reason or "")
+
+
+def test_only_a_plain_job_pending_in_slurm_that_never_started_is_queued(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    with db.transaction() as session:
+        def stored(state: JobState, role: str = "batch", part_state: str = "PENDING", started: bool = False) -> Job:
+            job = create_job(session, WIDE, "alice", "w.yaml")
+            job.state, job.plan = state, {"slots": [["nodeb", "t4", 3]]}
+            when = datetime(2026, 11, 27, tzinfo=timezone.utc) if started else None
+            job.slurm_jobs.append(SlurmJob(slurm_job_id="70", role=role, state=part_state, started_at=when))
+            return job
+
+        jobs = [stored(JobState.SUBMITTED), stored(JobState.SUBMITTED, started=True),
+                stored(JobState.SUBMITTED, role="pack"), stored(JobState.RUNNING, part_state="RUNNING"),
+                stored(JobState.PENDING, part_state="CANCELLED")]
+        session.flush()
+        found = [candidate_of(j) for j in jobs]
+    assert [c.queued for c in found] == [True, False, False, False, False]
+    assert found[0].current == Allocation((("nodeb", "t4", 3),))  # held in the plan until overdue
