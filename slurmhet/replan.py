@@ -33,8 +33,8 @@ from slurmhet.store import Database, Job, JobState, SlurmJob, add_event, list_jo
 from slurmhet.store.lock import dispatch_lock
 from slurmhet.store.models import ClusterSnapshot, ProgressMark, ThroughputObservation
 from slurmhet.shared_cluster import SharedCluster, read_shared
-from slurmhet.submission import (PLACED, PLAIN_ROLES, UNPLACED, Candidate, Dispatcher, after_ok_of, cancel_doomed, candidate_of,
-                                 dependency_verdicts, describe, dispatches, queue_overdue, with_verdicts,
+from slurmhet.submission import (PLACED, PLAIN_ROLES, UNPLACED, Candidate, Dispatcher, after_ok_of, cancel_doomed,
+                                 candidate_of, dependency_verdicts, describe, dispatches, queue_overdue, with_verdicts,
                                  foreign_gpu_nodes, next_round, plan_for, render_parts, stored_allocation,
                                  unplaceable)
 from slurmhet.site_table import learned_table, site_table

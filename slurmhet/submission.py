@@ -364,10 +364,11 @@ def queue_overdue(plan: Plan, candidates: Sequence[Candidate], ready: Mapping[in
     type it waits on, one node (no ``--nodelist``: any node of that type will do); and those jobs' ids.
 
     Keeping free GPUs for an overdue job binds only slurmhet's own jobs; other users' pending jobs that Slurm
-    starts would still take each GPU that frees up. In Slurm's queue the job is ahead of every younger job
-    there, and Slurm's backfill reserves GPUs for it, so a younger job starts before it only where it ends
-    first. Of the types it waits on, the one with the most GPUs on one node is asked for; a job whose minimum
-    no node of those types holds stays in the store, waiting as before.
+    starts would still take each GPU that frees up. In Slurm's queue its priority, which grows with age,
+    puts it before younger jobs (unless fairshare or a partition's tier ranks them higher), and Slurm's backfill
+    reserves GPUs for it, so a younger job starts before it only where it ends first. Of the types it waits
+    on, the one with the most GPUs on one node is asked for; a job whose minimum no node of those types holds
+    stays in the store, waiting as before.
     """
     if max_wait_s is None:
         return plan, frozenset()
