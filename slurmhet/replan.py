@@ -33,10 +33,10 @@ from slurmhet.store import Database, Job, JobState, SlurmJob, add_event, list_jo
 from slurmhet.store.lock import dispatch_lock
 from slurmhet.store.models import ClusterSnapshot, ProgressMark, ThroughputObservation
 from slurmhet.shared_cluster import SharedCluster, read_shared
-from slurmhet.submission import (PLACED, PLAIN_ROLES, UNPLACED, Candidate, Dispatcher, after_ok_of, cancel_doomed,
-                                 candidate_of, dependency_verdicts, describe, dispatches, queue_overdue, with_verdicts,
-                                 foreign_gpu_nodes, next_round, plan_for, render_parts, stored_allocation,
-                                 unplaceable)
+from slurmhet.submission import (PLACED, UNPLACED, Candidate, Dispatcher, after_ok_of, cancel_doomed, candidate_of,
+                                 dependency_verdicts, describe, dispatches, pending_in_slurm, queue_overdue,
+                                 with_verdicts, foreign_gpu_nodes, next_round, plan_for, render_parts,
+                                 stored_allocation, unplaceable)
 from slurmhet.site_table import learned_table, site_table
 from slurmhet.sync import LIVE_PART_STATES, adopt_orphans, ask_slurm, forked_round, sync_jobs
 from slurmhet.throughput import ThroughputTable, canonical_key
@@ -226,16 +226,12 @@ class Waiting:
 def waiting_in_slurm(job: Job) -> Waiting | None:
     """The job as a candidate for the move rule, or None when it runs or is not a plain pending job. A job
     that started is one only once Slurm requeued it: it starts over from its checkpoint either way."""
-    parts = [p for p in job.slurm_jobs if p.current]
     alloc = stored_allocation(job)
     again = requeued(job)
-    if job.state is not JobState.SUBMITTED or (job.started_at is not None and not again) or not parts \
-            or alloc is None:
+    # Packs, arrays and their consolidations stay put: only a plain job's parts may move.
+    if alloc is None or not pending_in_slurm(job, again):
         return None
-    # Packs, arrays and their consolidations stay put: only a plain job's parts (PLAIN_ROLES) may move.
-    if any(p.state != "PENDING" or (p.started_at is not None and not again) or p.role not in PLAIN_ROLES
-           for p in parts):
-        return None
+    parts = [p for p in job.slurm_jobs if p.current]
     return Waiting(job.id, tuple(sorted({p.slurm_job_id for p in parts})), tuple(sorted(alloc.by_type())),
                    ",".join(sorted({p.reason for p in parts if p.reason})), again)
 

@@ -27,7 +27,7 @@ from slurmhet.emit.multipart import MultiPartOutcome, MultiPartSubmitter, Part, 
 from slurmhet.errors import InputError
 from slurmhet.forking import DEFAULT_ROUND_S, ForkedJob, job_forker
 from slurmhet.planner import (
-    POLICIES, QUEUE_PREPARE, Allocation, JobPlan, Plan, PlanningInput, Progress, plan_job_from_spec,
+    POLICIES, QUEUE_PREPARE, Allocation, JobPlan, Plan, PlanningInput, Progress, is_overdue, plan_job_from_spec,
 )
 from slurmhet.runtime.progress import job_steps, read_progress
 from slurmhet.slurm.client import SlurmClient
@@ -240,10 +240,17 @@ def candidate_of(job: Job, samples_done: float = 0.0) -> Candidate:
                          held=IN_SLURM_AFTER)
     current = stored_allocation(job) if job.state in PLACED else None
     packs = [p.slurm_job_id for p in job.slurm_jobs if p.role == "pack"]
-    queued = (job.state is JobState.SUBMITTED and job.started_at is None and current is not None and bool(live)
-              and all(p.state == "PENDING" and p.started_at is None and p.role in PLAIN_ROLES for p in live))
     return Candidate(job.id, spec, job.created_at.timestamp(), current, samples_done, job.owner,
-                     packs[-1] if packs and current is not None else None, queued=queued)
+                     packs[-1] if packs and current is not None else None,
+                     queued=current is not None and pending_in_slurm(job))
+
+
+def pending_in_slurm(job: Job, again: bool = False) -> bool:
+    """Every current part of the job is a plain job (PLAIN_ROLES: not a pack, an array or a consolidation)
+    pending in Slurm that never started, or (``again``) that started before Slurm requeued it."""
+    parts = [p for p in job.slurm_jobs if p.current]
+    return job.state is JobState.SUBMITTED and (job.started_at is None or again) and bool(parts) and all(
+        p.state == "PENDING" and (p.started_at is None or again) and p.role in PLAIN_ROLES for p in parts)
 
 
 def unplaceable(candidates: Sequence[Candidate], inventory: Inventory) -> dict[int, str]:
@@ -378,7 +385,7 @@ def queue_overdue(plan: Plan, candidates: Sequence[Candidate], ready: Mapping[in
     for c in candidates:
         jp = plans.get(str(c.job_id))
         if c.job_id not in ready or c.current is not None or c.held or c.after_ok or jp is None \
-                or jp.allocation is not None or plan.now - c.submitted_at < max_wait_s:
+                or jp.allocation is not None or not is_overdue(c.submitted_at, plan.now, max_wait_s):
             continue
         need = c.spec.gpus.min
         fits = [(n.gpus.get(t, 0), t, n.name) for t in jp.waits_on for n in nodes if n.gpus.get(t, 0) >= need]
@@ -691,7 +698,8 @@ def _plan_and_dispatch(db: Database, dispatcher_args: tuple[SlurmClient, SitePro
                     startup=startup, max_wait_s=settings.max_wait_s)
     # Everyone's jobs shape the plan; only the caller's own are submitted (sbatch runs as the caller).
     unplaced = [c for c in existing if c.current is None and c.owner == owner] + fresh
-    plan, queued = queue_overdue(plan, unplaced, {c.job_id: c.spec for c in unplaced}, inventory, settings.max_wait_s)
+    ready = {c.job_id: c.spec for c in unplaced}
+    plan, queued = queue_overdue(plan, unplaced, ready, inventory, settings.max_wait_s)
     dispatcher = Dispatcher(db, client, profile, settings, runner)
     dispatcher.record_plan(plan, [c.job_id for c in unplaced], unplaceable(unplaced, inventory), startup)
     results: dict[int, Outcome] = {}
@@ -699,7 +707,7 @@ def _plan_and_dispatch(db: Database, dispatcher_args: tuple[SlurmClient, SitePro
     if rounds:  # a forked job between rounds: its steps so far come from the progress files
         done = job_steps(read_progress(settings.progress_dir))
         steps_done.update({i: done.get(str(i), 0) for i in rounds})
-    for dispatch in dispatches(plan, {c.job_id: c.spec for c in unplaced}, profile, settings, inventory,
+    for dispatch in dispatches(plan, ready, profile, settings, inventory,
                                db.instance, table=table, steps_done=steps_done, rounds=rounds,
                                busy_nodes=foreign_gpu_nodes(queue, db.instance),
                                partitions=shared.partitions(), after_ok=after_ok_of(unplaced), queued=queued):

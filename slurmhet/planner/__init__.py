@@ -10,13 +10,14 @@ from slurmhet.planner.bound import Bound, lower_bound
 from slurmhet.planner.colocation import ColocationGroup, speedup
 from slurmhet.planner.model import (
     Allocation, ColocationSettings, JobPlan, Plan, PlanJob, PlanningInput, Progress, allreduce_seconds,
-    epoch_seconds, jain_fairness, plan_job_from_spec, run_seconds, shard_weights,
+    epoch_seconds, is_overdue, jain_fairness, plan_job_from_spec, run_seconds, shard_weights,
 )
 from slurmhet.planner.pipeline import build_problem
 from slurmhet.planner.registry import DEFAULT_POLICY, POLICIES, QUEUE_PREPARE
 
 __all__ = [
     "Allocation", "Bound", "ColocationGroup", "ColocationSettings", "DEFAULT_POLICY", "JobPlan", "POLICIES", "Plan",
-    "PlanJob", "PlanningInput", "Progress", "QUEUE_PREPARE", "allreduce_seconds", "build_problem", "epoch_seconds", "jain_fairness",
+    "PlanJob", "PlanningInput", "Progress", "QUEUE_PREPARE", "allreduce_seconds", "build_problem", "epoch_seconds", "is_overdue",
+    "jain_fairness",
     "lower_bound", "plan_job_from_spec", "run_seconds", "shard_weights", "speedup",
 ]

@@ -155,6 +155,12 @@ class ColocationSettings:
     per_membw: float = 0.0
 
 
+def is_overdue(submitted_at: float, now: float, max_wait_s: float | None) -> bool:
+    """Whether a job submitted at ``submitted_at`` has waited the site's limit by ``now`` (never without one):
+    the one rule both the planner's admission and the queueing of overdue jobs in Slurm go by."""
+    return max_wait_s is not None and now - submitted_at >= max_wait_s
+
+
 @dataclass(frozen=True)
 class PlanningInput:
     """Everything a planner may look at; planners are pure functions of it."""

@@ -42,7 +42,7 @@ from slurmhet.errors import InputError
 from slurmhet.planner import colocation
 from slurmhet.planner.model import (
     Allocation, JobPlan, Plan, PlanJob, PlanningInput, Progress, allocation_run_seconds, effective_rate, epoch_seconds,
-    job_rates, link_of, run_seconds, shard_weights,
+    is_overdue, job_rates, link_of, run_seconds, shard_weights,
 )
 from slurmhet.planner.problem import Problem
 
@@ -101,10 +101,6 @@ def build_problem(inp: PlanningInput) -> Problem:
     return _prepare(_queued_as_waiting(inp))[0]
 
 
-def _overdue(job: PlanJob, inp: PlanningInput) -> bool:
-    return inp.max_wait_s is not None and inp.now - job.submitted_at >= inp.max_wait_s
-
-
 def _queued_as_waiting(inp: PlanningInput) -> PlanningInput:
     """``inp`` with every overdue job waiting in Slurm's queue (``PlanJob.queued``) as a waiting job on the types
     it is queued for: it holds no GPUs yet, and Slurm serves it before younger jobs there and reserves GPUs
@@ -114,7 +110,8 @@ def _queued_as_waiting(inp: PlanningInput) -> PlanningInput:
         return inp
     return replace(inp, jobs=tuple(
         replace(j, current=None, allowed_types=tuple(j.current.by_type()))
-        if j.queued and j.current is not None and _overdue(j, inp) else j for j in inp.jobs))
+        if j.queued and j.current is not None and is_overdue(j.submitted_at, inp.now, inp.max_wait_s) else j
+        for j in inp.jobs))
 
 
 def _prepare(inp: PlanningInput) -> tuple[Problem, _Context]:
@@ -151,7 +148,8 @@ def _prepare(inp: PlanningInput) -> tuple[Problem, _Context]:
                              hint=f"lower gpus.min to {caps[job.user]} or ask for a larger GPU limit")
     # A plan that may move running jobs lists them here too: an overdue one that has started keeps its
     # rank, so no younger job takes its GPUs (as pinning does on a live cluster).
-    overdue = frozenset(j.id for j in inp.jobs if j not in pinned and _overdue(j, inp))
+    overdue = frozenset(j.id for j in inp.jobs
+                        if j not in pinned and is_overdue(j.submitted_at, inp.now, inp.max_wait_s))
     pending = sorted((j for j in inp.jobs if j not in pinned),
                      key=lambda j: (j.id not in overdue, j.submitted_at if j.id in overdue else 0.0,
                                     wspt_key(j, rates[j.id], inventory.inter_node_gbps)))
