@@ -15,6 +15,8 @@ from slurmhet.emit.render import render, slurm_job_name
 from slurmhet.errors import InputError
 
 GPU_REQUEST_STYLES = ("gres", "gpus-per-node")
+#: Slurm may send a ``--signal`` up to this many seconds before the time it was asked for (sbatch(1)).
+SIGNAL_RESOLUTION_S = 60
 
 
 def option_value(argv: Sequence[str], name: str) -> str | None:
@@ -70,6 +72,13 @@ class Common:
     #: Slurm jobs this one starts after, each completed successfully (``--dependency=afterok``).
     after_ok: tuple[str, ...] = ()
 
+    @property
+    def warned(self) -> bool:
+        """Whether Slurm is asked for a time-limit warning: not when the limit is within the lead plus Slurm's
+        timer resolution, since the signal could then come as the job starts (before its launcher traps it, it
+        kills the task). Such a job gets SIGTERM at its limit, which the runtime also takes for the timeout."""
+        return self.time_limit_min is None or self.time_limit_min * 60 > self.signal_s + SIGNAL_RESOLUTION_S
+
     def options(self, log_pattern: str = "%j") -> list[str]:
         """Shared options; arrays pass ``%A_%a`` so a task's log names its array and index."""
         ids = ",".join(str(i) for i in (self.job_id, *self.also))
@@ -78,7 +87,7 @@ class Common:
             f"--comment=slurmhet:{ids}" + (f"@{self.store_tag}" if self.store_tag else ""),
             f"--output={self.log_dir}/slurmhet-{self.job_id}-{log_pattern}.out",
             f"--error={self.log_dir}/slurmhet-{self.job_id}-{log_pattern}.err",
-            f"--signal=B:USR2@{self.signal_s}",
+            *([f"--signal=B:USR2@{self.signal_s}"] if self.warned else []),
             "--open-mode=append",  # a requeued run must not truncate the log of the run it continues
         ]
         if self.time_limit_min is not None:

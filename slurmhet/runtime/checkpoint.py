@@ -7,8 +7,10 @@ or round started) and ``meta`` (plain values). The position is in global steps
 (the sampler derives epoch and samples from it), so a checkpoint resumes on
 any number of ranks.
 
-Signals. Emitted scripts ask Slurm for ``--signal=B:USR2@N``; the launcher
-forwards it (and SIGTERM) to the training process. As in submitit, the time
+Signals. Emitted scripts ask Slurm for ``--signal=B:USR2@N`` (not when the
+time limit is N + 60 s or less: the signal could come as the job starts, and
+SIGTERM at the limit is then the warning); the launcher forwards it (and
+SIGTERM) to the training process. As in submitit, the time
 left decides whether this is the time limit or a preemption: when fewer than
 ``N + 90`` seconds remain (Slurm may signal up to 60 s early) it is a timeout,
 otherwise a preemption. The time left comes from ``SLURM_JOB_END_TIME``, else

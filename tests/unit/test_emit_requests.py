@@ -270,3 +270,13 @@ def test_a_chained_job_goes_to_slurm_after_its_predecessors() -> None:
     assert het.count("--dependency=afterok:12") == 2  # sbatch propagates it; every component says the same
     plain = requests_for(1, _spec(), _plan((("nodea", "t4", 1),)), PROFILE, SETTINGS)[0].request.materialize().argv
     assert not any(a.startswith("--dependency") for a in plain)
+
+
+@pytest.mark.parametrize(("limit_min", "warned"), [(None, True), (10, True), (4, True), (3, False), (1, False)])
+def test_slurm_is_asked_for_a_time_limit_warning_only_when_it_cannot_come_as_the_job_starts(
+        limit_min: int | None, warned: bool) -> None:
+    # USR2 120 s before the limit, which Slurm may send up to 60 s early: a limit of 3 min or less could get it
+    # at once, before the launcher traps it (a 1-min job in the open-world cluster test died of it at 0 s).
+    options = Common(7, "j", "/logs", time_limit_min=limit_min).options()
+    assert ("--signal=B:USR2@120" in options) is warned
+    assert ("--time=" + str(limit_min) in options) is (limit_min is not None)
