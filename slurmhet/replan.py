@@ -434,7 +434,8 @@ class Replanner:
                 result.dry_run_parts += render_parts(d.parts)
             return result
         dispatcher = Dispatcher(self.db, self.client, self.profile, self.settings, self.runner)
-        dispatcher.record_plan(plan, list(ready), unplaceable(candidates, inventory), startup)
+        dispatcher.record_plan(plan, list(ready), unplaceable(candidates, inventory), startup,
+                               queued=[c.job_id for c in candidates if c.queued and c.owner == self.owner])
         for d in work:
             for outcome in dispatcher.submit(d, plan):
                 forked_note = f" forked into {len(d.fork.copies)} copies, round {d.fork.round}" if d.fork else ""

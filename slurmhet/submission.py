@@ -392,14 +392,19 @@ def queue_overdue(plan: Plan, candidates: Sequence[Candidate], ready: Mapping[in
         if not fits:
             continue
         _, gpu_type, node = min(fits, key=lambda f: (-f[0], f[1], f[2]))
-        queued[jp.job_id] = replace(
-            jp, allocation=Allocation.of({(node, gpu_type): need}), shard_weights=(1.0 / need,) * need,
-            wait_reason=f"{jp.wait_reason}; queued in Slurm for {need} x {gpu_type}, so that Slurm serves it "
-                        f"before younger jobs and reserves GPUs for it")
+        queued[jp.job_id] = replace(jp, allocation=Allocation.of({(node, gpu_type): need}),
+                                    shard_weights=(1.0 / need,) * need,
+                                    wait_reason=queued_reason(jp.wait_reason, need, gpu_type))
     if not queued:
         return plan, frozenset()
     return (replace(plan, jobs=tuple(queued.get(jp.job_id, jp) for jp in plan.jobs)),
             frozenset(int(i) for i in queued))
+
+
+def queued_reason(reason: str | None, count: int, gpu_type: str) -> str:
+    """A queued overdue job's wait reason: the plan's, and what it is queued in Slurm for."""
+    return (f"{reason}; queued in Slurm for {count} x {gpu_type}, so that Slurm serves it before younger jobs "
+            f"and reserves GPUs for it")
 
 
 def after_ok_of(candidates: Sequence[Candidate | None]) -> dict[int, tuple[str, ...]]:
@@ -480,13 +485,18 @@ class Dispatcher:
         self.db, self.client, self.profile, self.settings, self.runner = db, client, profile, settings, runner
 
     def record_plan(self, plan: Plan, job_ids: Sequence[int], waiting: dict[int, str] | None = None,
-                    startup: StartupCosts | None = None) -> None:
+                    startup: StartupCosts | None = None, queued: Sequence[int] = ()) -> None:
         """Store each job's plan, and the reason for jobs the plan could not place at all.
 
         ``startup`` as given to :func:`plan_for`: the jobs recorded are not placed yet, so it charged them.
+        ``queued``: jobs waiting in Slurm's queue (:attr:`Candidate.queued`); for each the plan still waits
+        (overdue), only the forecast is stored (start, finish, order, reason), since Slurm holds the job on
+        its stored slots, which stay.
         """
         wanted = {str(i) for i in job_ids}
         with self.db.transaction() as session:
+            for job_id in queued:
+                self._refresh_queued(session, job_id, plan)
             for job_id, reason in (waiting or {}).items():
                 job = get_job(session, job_id)
                 if job is not None and job.state in UNPLACED and job_id in job_ids:
@@ -501,6 +511,21 @@ class Dispatcher:
                 job.predicted_jct_s = job_plan.jct_s
                 if job_plan.allocation is None and job.state in UNPLACED:
                     job.reason = job_plan.wait_reason or "waiting for GPUs"
+
+    @staticmethod
+    def _refresh_queued(session: Session, job_id: int, plan: Plan) -> None:
+        """Store the plan's forecast for a job queued in Slurm, so ``status`` shows when it is now expected to
+        start, not when it was queued; its slots stay, since they are what it waits on in Slurm."""
+        job = get_job(session, job_id)
+        jp = next((p for p in plan.jobs if p.job_id == str(job_id)), None)
+        slots = (job.plan or {}).get("slots") if job is not None else None
+        if job is None or jp is None or jp.allocation is not None or not slots or len(slots) != 1:
+            return
+        [(_, gpu_type, count)] = slots
+        job.plan = {**(job.plan or {}), "order": jp.order, "start_s": jp.start_s, "finish_s": jp.finish_s,
+                    "jct_s": jp.jct_s, "waits_on": list(jp.waits_on),
+                    "wait_reason": queued_reason(jp.wait_reason, int(count), str(gpu_type))}
+        job.predicted_jct_s = jp.jct_s
 
     def submit(self, dispatch: Dispatch, plan: Plan) -> list[Outcome]:
         """Submit one dispatch; record the parts on every member job, or the refusal."""
@@ -701,7 +726,8 @@ def _plan_and_dispatch(db: Database, dispatcher_args: tuple[SlurmClient, SitePro
     ready = {c.job_id: c.spec for c in unplaced}
     plan, queued = queue_overdue(plan, unplaced, ready, inventory, settings.max_wait_s)
     dispatcher = Dispatcher(db, client, profile, settings, runner)
-    dispatcher.record_plan(plan, [c.job_id for c in unplaced], unplaceable(unplaced, inventory), startup)
+    dispatcher.record_plan(plan, [c.job_id for c in unplaced], unplaceable(unplaced, inventory), startup,
+                           queued=[c.job_id for c in existing if c.queued and c.owner == owner])
     results: dict[int, Outcome] = {}
     steps_done = {c.job_id: int(c.samples_done // c.spec.global_batch) for c in unplaced}
     if rounds:  # a forked job between rounds: its steps so far come from the progress files

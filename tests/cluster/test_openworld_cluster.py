@@ -15,6 +15,7 @@ import shutil
 import subprocess
 import tempfile
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Iterator
 
@@ -197,6 +198,21 @@ def test_a_job_pending_past_the_sites_wait_limit_is_queued_in_slurm_ahead_of_you
                       env=env)
     assert short["state"] == "SUBMITTED", short
     assert wait_for(state_dir, [short["job_id"]], timeout=90)[short["job_id"]]["state"] == "COMPLETED"
+    # Each plan stores the queued job's new forecast: with the blocker's limit cut to 4 min, the next replan
+    # expects the wide job to start by then (the stored plan of the time it was queued said otherwise).
+    def planned_start() -> str:
+        detail = json.loads(cli("status", "--json", str(first["job_id"]), state=state_dir, env=env).stdout)
+        assert "queued in Slurm for 4 x v100" in detail["plan"]["wait_reason"], detail["plan"]
+        return str(detail["plan"]["planned_start"])
+
+    before = planned_start()
+    (held,) = [q for q in SLURM.queue() if q.job_id == blocker]
+    assert held.start is not None, held
+    _scontrol("update", f"jobid={blocker}", "TimeLimit=4")
+    replan(state_dir, env=env)
+    after = planned_start()
+    assert after != before and datetime.fromisoformat(after).timestamp() <= held.start.timestamp() + 240 + 5, \
+        (before, after, held.start)
     # Another user's younger job fits the 2 free v100s but would run past the blocker's limit: Slurm keeps
     # it pending, as it does not let a lower-priority job delay the wide one (kept out of Slurm's queue,
     # the wide job would not stop it).

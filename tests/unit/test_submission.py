@@ -11,8 +11,8 @@ from slurmhet.planner import Allocation, Plan
 from slurmhet.slurm.profile import SiteProfile
 from slurmhet.spec import JobSpec, load_text
 from slurmhet.store import Database, Job, JobState, SlurmJob, create_job
-from slurmhet.submission import (Candidate, candidate_of, dispatches, plan_for, queue_overdue, render_parts,
-                                 running_allocation, stored_allocation, unplaceable)
+from slurmhet.submission import (Candidate, Dispatcher, candidate_of, dispatches, plan_for, queue_overdue,
+                                 render_parts, running_allocation, stored_allocation, unplaceable)
 from slurmhet.throughput import ThroughputTable
 
 SPEC = load_text("name: a\ncommand: [x]\nworkload: {model: ResNet-18, batch_size: 64}\nwork: {steps: 50}\n"
@@ -134,3 +134,46 @@ def test_only_a_plain_job_pending_in_slurm_that_never_started_is_queued(tmp_path
         found = [candidate_of(j) for j in jobs]
     assert [c.queued for c in found] == [True, False, False, False, False]
     assert found[0].current == Allocation((("nodeb", "t4", 3),))  # held in the plan until overdue
+
+
+def test_each_plan_stores_a_queued_jobs_new_forecast_and_keeps_the_slots_it_waits_on_in_slurm(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    queued_at = {"slots": [["nodeb", "t4", 3]], "start_s": 7_300.0, "finish_s": 7_400.0, "jct_s": 7_400.0,
+                 "order": 0, "wait_reason": "queued then", "policy": "slurmhet"}
+    with db.transaction() as session:
+        job = create_job(session, WIDE, "alice", "w.yaml")
+        job.state, job.plan, job.predicted_jct_s = JobState.SUBMITTED, dict(queued_at), 7_400.0
+        job.slurm_jobs.append(SlurmJob(slurm_job_id="70", role="batch", state="PENDING"))
+        session.flush()
+        wide_id = job.id
+    inventory = Inventory((Node("nodea", {"t4": 2}), Node("nodeb", {"t4": 4})))
+    # Our two running jobs hold 4 of the 6 t4s until about 8,400 s: the queued job now starts later than it was
+    # expected to when it was queued.
+    candidates = [Candidate(9, SPEC, 0.0, Allocation((("nodea", "t4", 2),))),
+                  Candidate(8, SPEC, 0.0, Allocation((("nodeb", "t4", 2),))),
+                  Candidate(wide_id, WIDE, 0.0, Allocation((("nodeb", "t4", 3),)), queued=True)]
+    settings = Settings(state_dir=tmp_path, database_url="sqlite://")
+    dispatcher = Dispatcher(db, None, PROFILE, settings, None)  # type: ignore[arg-type]  # no Slurm command runs
+
+    def stored() -> tuple[dict, float | None]:
+        with db.transaction() as session:
+            job = session.get(Job, wide_id)
+            assert job is not None
+            return dict(job.plan or {}), job.predicted_jct_s
+
+    # Not overdue (no wait limit): the plan pins it on its slots, and its stored plan is left alone.
+    pinned = plan_for(candidates, inventory, TABLE, "slurmhet", now=7_500.0)
+    assert pinned.job(str(wide_id)).allocation is not None
+    dispatcher.record_plan(pinned, [], queued=[wide_id])
+    assert stored() == (queued_at, 7_400.0)
+    # Overdue: it waits first in order on its t4s, and the store takes this plan's forecast.
+    plan = plan_for(candidates, inventory, TABLE, "slurmhet", now=7_500.0, max_wait_s=3_600.0)
+    forecast = plan.job(str(wide_id))
+    assert forecast.allocation is None and forecast.start_s > 7_500.0
+    dispatcher.record_plan(plan, [], queued=[wide_id])
+    now_stored, predicted = stored()
+    assert now_stored["slots"] == [["nodeb", "t4", 3]]  # what Slurm holds it on stays
+    assert (now_stored["start_s"], now_stored["finish_s"], predicted) == (forecast.start_s, forecast.finish_s,
+                                                                          forecast.jct_s)
+    assert now_stored["start_s"] != queued_at["start_s"]
+    assert "overdue" in now_stored["wait_reason"] and "queued in Slurm for 3 x t4" in now_stored["wait_reason"]
