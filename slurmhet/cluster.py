@@ -126,13 +126,15 @@ class QueuedAhead:
     """A foreign pending job that Slurm will start ahead of ours, with no nodes chosen yet.
 
     It takes ``count`` GPUs of one of ``gpu_types`` as they free up, before any of
-    slurmhet's waiting jobs, and holds them for ``duration_s``.
+    slurmhet's waiting jobs but those in ``after``, and holds them for ``duration_s``.
     """
 
     gpu_types: tuple[str, ...]
     count: int
     duration_s: float
     owner: str
+    #: Ids of slurmhet jobs already in Slurm's queue that Slurm starts first: it takes nothing before they start.
+    after: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -37,7 +37,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from slurmhet.cluster import Inventory, OpenWorld
+from slurmhet.cluster import Inventory, OpenWorld, QueuedAhead
 from slurmhet.errors import InputError
 from slurmhet.planner import colocation
 from slurmhet.planner.model import (
@@ -139,7 +139,7 @@ def _prepare(inp: PlanningInput) -> tuple[Problem, _Context]:
     # over-commits a GPU, so such a node has nothing free: no job is planned onto it, and the plan goes on.
     np.maximum(capacity, 0, out=capacity)
     _feedable(capacity, inventory, types, [j for j in inp.jobs if j not in pinned], pinned, rates)
-    _take_world(capacity, inp.world, inp.now, nodes, types)
+    _take_world(capacity, inp.world, inp.now, nodes, types, frozenset(j.id for j in inp.jobs if j not in pinned))
     caps = inp.world.gpu_caps
     for job in inp.jobs:
         if job.user in caps and job.min_gpus > caps[job.user]:
@@ -323,13 +323,14 @@ def _feedable(capacity: np.ndarray, inventory: Inventory, types: tuple[str, ...]
 
 
 def _take_world(capacity: np.ndarray, world: OpenWorld, now: float, nodes: tuple[str, ...],
-                types: tuple[str, ...]) -> None:
+                types: tuple[str, ...], waiting: frozenset[str]) -> None:
     """Take from ``capacity`` (in place) what other users hold now and what Slurm starts ahead of ours now.
 
     Holds count from now (or from within ``world.lookahead_s``); a node or type the inventory
     lacks (drained, or not a GPU type here) holds nothing. A foreign job ahead of ours that fits
     in what is left takes it, on the nodes with most free GPUs of its type, as Slurm would start
-    it first; one that does not fit yet waits for GPUs to free up (see :func:`_list_schedule`).
+    it first; one that does not fit yet waits for GPUs to free up (see :func:`_list_schedule`), and
+    so does one that Slurm starts only after a job of ours in its queue that is still ``waiting``.
     """
     node_index = {n: i for i, n in enumerate(nodes)}
     for hold in world.held(now, world.lookahead_s):
@@ -338,7 +339,7 @@ def _take_world(capacity: np.ndarray, world: OpenWorld, now: float, nodes: tuple
             capacity[i, t] = max(0, capacity[i, t] - hold.count)
     for job in world.ahead:
         fits = [types.index(t) for t in job.gpu_types if t in types and capacity[:, types.index(t)].sum() >= job.count]
-        if not fits:
+        if not fits or waiting.intersection(job.after):
             continue
         _take_from_nodes(capacity, fits[0], job.count)
 
@@ -475,10 +476,9 @@ def _list_schedule(waiting: list[PlanJob], plans: dict[str, JobPlan], rates: dic
         if p.allocation:
             timeline.hold(inp.now, p.finish_s, p.allocation.by_type(), users.get(p.job_id, ""))
     timeline.hold_world(inp.world, inp.now)
-    for ahead in inp.world.ahead:
-        start, gpu_type = timeline.earliest(inp.now, ahead.gpu_types, ahead.count)
-        if gpu_type is not None:
-            timeline.hold(start, start + ahead.duration_s, {gpu_type: ahead.count})
+    # A foreign job Slurm starts only after waiting jobs of ours (queued in Slurm) is placed once they start.
+    blockers = [(ahead, {i for i, job in enumerate(waiting) if job.id in ahead.after}) for ahead in inp.world.ahead]
+    _place_ahead(timeline, [ahead for ahead, of in blockers if not of], inp.now)
     # Jobs alike in what they may take (types, minimum, a capped user) fit or not together, so only the
     # first waiting one of each kind is tried: a pass costs the number of kinds, not of waiting jobs.
     kinds: dict[tuple[tuple[str, ...], int, str], deque[int]] = {}
@@ -526,6 +526,7 @@ def _list_schedule(waiting: list[PlanJob], plans: dict[str, JobPlan], rates: dic
                     queues[kind_of[i]].remove(i)
                     started[i] = (clock, take, plan)
                     backfills.add(i)
+                    _place_ahead(timeline, _unblocked(blockers, i), clock)
                     continue
                 g = min(fits, key=lambda g: queues[g][0])
             i = queues[g][0]
@@ -541,6 +542,7 @@ def _list_schedule(waiting: list[PlanJob], plans: dict[str, JobPlan], rates: dic
             timeline.hold(clock, plan.finish_s, {types[t]: int(c) for t, c in enumerate(take) if c}, job.user)
             timeline.settle(clock)
             started[queues[g].popleft()] = (clock, take, plan)
+            _place_ahead(timeline, _unblocked(blockers, i), clock)
         if not timeline.events:
             break
         clock = timeline.next_change(clock)
@@ -565,6 +567,26 @@ def _list_schedule(waiting: list[PlanJob], plans: dict[str, JobPlan], rates: dic
         out.append(JobPlan(**{**plan.__dict__, "allocation": None, "shard_weights": (),
                               "wait_reason": waits_for.get(job.id, reason),
                               "waits_on": tuple(sorted(types[t] for t, c in enumerate(take) if c))}))
+    return out
+
+
+def _place_ahead(timeline: _Timeline, aheads: Sequence[QueuedAhead], clock: float) -> None:
+    """Hold GPUs for foreign jobs Slurm starts ahead of our waiting ones, each at its earliest fit from ``clock``."""
+    for ahead in aheads:
+        start, gpu_type = timeline.earliest(clock, ahead.gpu_types, ahead.count)
+        if gpu_type is not None:
+            timeline.hold(start, start + ahead.duration_s, {gpu_type: ahead.count})
+    timeline.settle(clock)
+
+
+def _unblocked(blockers: list[tuple[QueuedAhead, set[int]]], started: int) -> list[QueuedAhead]:
+    """The foreign jobs ahead whose last waiting blocker is ``started`` (now placeable); updates ``blockers``."""
+    out = []
+    for ahead, of in blockers:
+        if started in of:
+            of.discard(started)
+            if not of:
+                out.append(ahead)
     return out
 
 

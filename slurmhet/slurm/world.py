@@ -15,7 +15,10 @@ What slurmhet assumes about jobs it did not submit:
   ours: Slurm's multifactor priority grows with age, so a job queued before ours
   outranks ours on the same partition. Where Slurm gives an expected start and nodes
   (``squeue --start``), it holds those nodes from then; otherwise it takes the first
-  GPUs of its kind that free up;
+  GPUs of its kind that free up, after those of our jobs already in Slurm's queue
+  (queued overdue) that Slurm ranks above it: same partition, higher priority, and
+  every GPU type it may take is one they wait for, so Slurm's backfill can start it
+  only where it ends before them;
 - pending jobs held for reasons of their own (dependencies, begin times, limits,
   holds) take nothing.
 """
@@ -213,6 +216,18 @@ def expected_end(record: QueueRecord, start_s: float, now_s: float,
     return min(max(start_s + share * limit, now_s + OVERDUE_GRACE_S), start_s + limit), True
 
 
+def served_first(record: QueueRecord, kinds: tuple[str, ...], queued: Sequence[QueueRecord]) -> tuple[str, ...]:
+    """The slurmhet ids of our jobs pending in Slurm's queue that Slurm starts before the foreign pending job
+    ``record`` asking for ``kinds``: on its partition with a higher priority, waiting for every type it may
+    take (had it another type, Slurm could start it there first)."""
+    ids: list[str] = []
+    for ours in queued:
+        types = {t for t, _ in ours.gpu_request}
+        if ours.partition == record.partition and ours.priority > record.priority and set(kinds) <= types:
+            ids += [i for i in ours.comment.removeprefix("slurmhet:").rsplit("@", 1)[0].split(",") if i]
+    return tuple(ids)
+
+
 def open_world(world: SlurmWorld, store_tag: str, access: Access, now_s: float,
                lookahead_s: float = 0.0) -> OpenWorld:
     """The planner's capacity facts for ``access.user``: holds of foreign jobs and reservations, Slurm's
@@ -222,6 +237,8 @@ def open_world(world: SlurmWorld, store_tag: str, access: Access, now_s: float,
     holds: list[Hold] = []
     ahead: list[QueuedAhead] = []
     by_partition = {p.name: p for p in world.partitions}
+    queued = [r for r in world.queue if is_ours(r.comment, store_tag) and r.state == "PENDING"
+              and r.reason in COMPETING_REASONS and r.gpu_request]
     for record in world.queue:
         if is_ours(record.comment, store_tag):
             continue
@@ -253,7 +270,7 @@ def open_world(world: SlurmWorld, store_tag: str, access: Access, now_s: float,
                                           "pending", owner, True))
                         left -= take
                 elif math.isfinite(duration):
-                    ahead.append(QueuedAhead(kinds, count, duration, owner))
+                    ahead.append(QueuedAhead(kinds, count, duration, owner, served_first(record, kinds, queued)))
     now = datetime.fromtimestamp(now_s, timezone.utc)
     accounts = {access.account}
     for res in world.reservations:

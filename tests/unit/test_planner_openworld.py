@@ -316,3 +316,28 @@ def test_a_node_holds_no_more_gpus_than_its_cpus_and_memory_can_feed() -> None:
     plan = POLICIES["slurmhet"](PlanningInput((running, job("light", 1, low=1)), inv, table, now=0.0))
     light = plan.job("light").allocation
     assert light is not None and dict((n, c) for n, _, c in light.slots).get("a", 0) <= 1  # 4 - 3 CPUs left
+
+
+
+@pytest.mark.parametrize("count,after,wide_start,backfilled", [
+    (2, (), 7_800.0, False), (2, ("wide",), 7_300.0, True), (4, (), 7_900.0, True), (4, ("wide",), 7_300.0, True)])
+def test_a_younger_foreign_job_slurm_ranks_below_our_queued_job_takes_gpus_only_after_it_starts(
+        count: int, after: tuple[str, ...], wide_start: float, backfilled: bool) -> None:
+    # queued_case's wide job queued on 4 v100s (2 free, alice holds 2 until 7,300 s) and a 60 s job; bob's job
+    # (``count`` v100s for 600 s) pends in Slurm with no expected start. Ranked above the wide job, bob's job
+    # takes the 2 free v100s now (count 2: then nothing is kept, so the 60 s job cannot backfill) or all 4 at
+    # 7,300 s (count 4), and the wide job starts when it ends. Ranked below it (``after``: Slurm starts it once
+    # the wide job has), it takes nothing before: the wide job starts at 7,300 s, bob's job after it.
+    world = OpenWorld(holds=(Hold("nodea", "v100", 2, 0.0, 7_300.0, "job", "job 1 (alice)"),),
+                      ahead=(QueuedAhead(("v100",), count, 600.0, "job 2 (bob)", after),))
+    jobs = (PlanJob("wide", W, 40_000.0, 64, min_gpus=4, max_gpus=4, current=Allocation.of({("nodea", "v100"): 4}),
+                    queued=True),
+            PlanJob("short", W, 5_000.0, 64, max_gpus=1, allowed_types=("v100",), submitted_at=7_100.0,
+                    time_limit_s=60.0),
+            PlanJob("late", W, 10_000.0, 64, max_gpus=4, allowed_types=("v100",), submitted_at=7_150.0))
+    plan = PLAN(PlanningInput(jobs, NODES, TABLE, now=7_200.0, world=world, max_wait_s=3_600.0))
+    wide, short, late = plan.job("wide"), plan.job("short"), plan.job("late")
+    assert wide.allocation is None and wide.start_s == pytest.approx(wide_start)
+    assert (short.allocation is not None) is backfilled
+    if after and count == 4:  # bob's job runs after the wide one, and our late job after bob's
+        assert late.start_s == pytest.approx(wide.finish_s + 600.0)

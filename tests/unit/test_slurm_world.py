@@ -44,10 +44,10 @@ def assoc(account: str, user: str, default_qos: str = "normal", partition: str =
 
 def record(job_id: str, state: str, *, user: str = "alice", comment: str = "", gpus: tuple = (),
            request: tuple = (), start: datetime | None = None, limit_s: float | None = 3600.0,
-           reason: str = "None", part: str = "gpu") -> QueueRecord:
+           reason: str = "None", part: str = "gpu", priority: int = 0) -> QueueRecord:
     return QueueRecord(job_id=job_id, het_job_id=None, het_offset=None, array_job_id=None, array_task=None,
                        name="x", state=state, reason=reason, comment=comment, user=user, nodes="", start=start,
-                       partition=part, time_limit_s=limit_s, gpus=gpus, gpu_request=request)
+                       partition=part, time_limit_s=limit_s, gpus=gpus, gpu_request=request, priority=priority)
 
 
 def world(queue: tuple = (), **kw: object) -> SlurmWorld:
@@ -122,6 +122,29 @@ def test_pending_foreign_jobs_queue_ahead_where_slurm_slated_them_or_first_in_li
     assert slated.start_s == pytest.approx(NOW + 300) and slated.end_s == pytest.approx(NOW + 300 + 3600)
     (ahead,) = facts.ahead  # job 11 waits for its dependency: it takes nothing
     assert ahead.gpu_types == ("t4",) and ahead.count == 1 and ahead.duration_s == pytest.approx(3600)
+
+
+def test_a_foreign_pending_job_slurm_ranks_below_our_queued_job_on_its_types_goes_after_it() -> None:
+    ours = record("20", "PENDING", user="root", comment=f"slurmhet:7@{TAG}", request=(("v100", 4),),
+                  reason="Resources", part="v100", priority=5_000)
+    others = (record("21", "PENDING", request=(("v100", 2),), reason="Priority", part="v100", priority=4_000),
+              record("22", "PENDING", request=(("v100", 2),), reason="Priority", part="v100", priority=6_000),
+              record("23", "PENDING", request=((None, 2),), reason="Priority", part="gpu", priority=4_000),
+              record("24", "PENDING", request=(("v100", 2),), reason="Priority", part="gpu", priority=4_000))
+    w = world((ours, *others))
+    facts = open_world(w, TAG, access_of(w, "root", ()), NOW)
+    after = {a.owner.split()[1]: a.after for a in facts.ahead}
+    # 21: younger (lower priority), on our job's partition and type: Slurm starts it after ours.
+    # 22: higher priority; 23: may take any type of partition gpu; 24: another partition: all ahead of ours.
+    assert after == {"21": ("7",), "22": (), "23": (), "24": ()}
+    # Another store's job, or one of ours Slurm already started or holds, outranks nothing.
+    for mine in (record("20", "PENDING", user="root", comment="slurmhet:7@other", request=(("v100", 4),),
+                        reason="Resources", part="v100", priority=5_000),
+                 record("20", "PENDING", user="root", comment=f"slurmhet:7@{TAG}", request=(("v100", 4),),
+                        reason="Dependency", part="v100", priority=5_000)):
+        w = world((mine, others[0]))
+        ahead = open_world(w, TAG, access_of(w, "root", ()), NOW).ahead
+        assert [a.after for a in ahead if a.owner.startswith("job 21 ")] == [()]
 
 
 def test_a_reservation_the_user_may_not_use_holds_its_nodes_for_its_span() -> None:
