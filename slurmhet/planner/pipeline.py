@@ -477,8 +477,16 @@ def _list_schedule(waiting: list[PlanJob], plans: dict[str, JobPlan], rates: dic
             timeline.hold(inp.now, p.finish_s, p.allocation.by_type(), users.get(p.job_id, ""))
     timeline.hold_world(inp.world, inp.now)
     # A foreign job Slurm starts only after waiting jobs of ours (queued in Slurm) is placed once they start.
-    blockers = [(ahead, {i for i, job in enumerate(waiting) if job.id in ahead.after}) for ahead in inp.world.ahead]
-    _place_ahead(timeline, [ahead for ahead, of in blockers if not of], inp.now)
+    index = {job.id: i for i, job in enumerate(waiting)}
+    blockers: dict[int, list[tuple[QueuedAhead, set[int]]]] = {}
+    free_now = []
+    for ahead in inp.world.ahead:
+        of = {index[j] for j in ahead.after if j in index}
+        for i in of:
+            blockers.setdefault(i, []).append((ahead, of))
+        if not of:
+            free_now.append(ahead)
+    _place_ahead(timeline, free_now, inp.now)
     # Jobs alike in what they may take (types, minimum, a capped user) fit or not together, so only the
     # first waiting one of each kind is tried: a pass costs the number of kinds, not of waiting jobs.
     kinds: dict[tuple[tuple[str, ...], int, str], deque[int]] = {}
@@ -579,14 +587,14 @@ def _place_ahead(timeline: _Timeline, aheads: Sequence[QueuedAhead], clock: floa
     timeline.settle(clock)
 
 
-def _unblocked(blockers: list[tuple[QueuedAhead, set[int]]], started: int) -> list[QueuedAhead]:
-    """The foreign jobs ahead whose last waiting blocker is ``started`` (now placeable); updates ``blockers``."""
+def _unblocked(blockers: dict[int, list[tuple[QueuedAhead, set[int]]]], started: int) -> list[QueuedAhead]:
+    """The foreign jobs ahead whose last waiting blocker (by index) is ``started``, so they may be placed now;
+    updates ``blockers``."""
     out = []
-    for ahead, of in blockers:
-        if started in of:
-            of.discard(started)
-            if not of:
-                out.append(ahead)
+    for ahead, of in blockers.pop(started, ()):
+        of.discard(started)
+        if not of:
+            out.append(ahead)
     return out
 
 
