@@ -16,7 +16,8 @@ What slurmhet assumes about jobs it did not submit:
   outranks ours on the same partition. Where Slurm gives an expected start and nodes
   (``squeue --start``), it holds those nodes from then; otherwise it takes the first
   GPUs of its kind that free up, after those of our jobs already in Slurm's queue
-  (queued overdue) that Slurm ranks above it: same partition, higher priority, and
+  (queued overdue) that Slurm ranks above it: same partition, higher priority (or
+  equal and submitted earlier), and
   every GPU type it may take is one they wait for, so Slurm's backfill can start it
   only where it ends before them;
 - pending jobs held for reasons of their own (dependencies, begin times, limits,
@@ -216,14 +217,21 @@ def expected_end(record: QueueRecord, start_s: float, now_s: float,
     return min(max(start_s + share * limit, now_s + OVERDUE_GRACE_S), start_s + limit), True
 
 
+def queue_rank(record: QueueRecord) -> tuple[float, float, float]:
+    """Where Slurm's scheduler takes a pending job within its partition: by decreasing priority, then
+    increasing submit time, then increasing job id (slurmctld's ``sort_job_queue2``)."""
+    submit = record.submit.timestamp() if record.submit else math.inf
+    return -record.priority, submit, float(record.job_id) if record.job_id.isdigit() else math.inf
+
+
 def served_first(record: QueueRecord, kinds: tuple[str, ...], queued: Sequence[QueueRecord]) -> tuple[str, ...]:
     """The slurmhet ids of our jobs pending in Slurm's queue that Slurm starts before the foreign pending job
-    ``record`` asking for ``kinds``: on its partition with a higher priority, waiting for every type it may
-    take (had it another type, Slurm could start it there first)."""
+    ``record`` asking for ``kinds``: on its partition and ranked before it (:func:`queue_rank`), waiting for
+    every type it may take (had it another type, Slurm could start it there first)."""
     ids: list[str] = []
     for ours in queued:
         types = {t for t, _ in ours.gpu_request}
-        if ours.partition == record.partition and ours.priority > record.priority and set(kinds) <= types:
+        if ours.partition == record.partition and queue_rank(ours) < queue_rank(record) and set(kinds) <= types:
             ids += [i for i in ours.comment.removeprefix("slurmhet:").rsplit("@", 1)[0].split(",") if i]
     return tuple(ids)
 

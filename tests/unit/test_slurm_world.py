@@ -44,10 +44,11 @@ def assoc(account: str, user: str, default_qos: str = "normal", partition: str =
 
 def record(job_id: str, state: str, *, user: str = "alice", comment: str = "", gpus: tuple = (),
            request: tuple = (), start: datetime | None = None, limit_s: float | None = 3600.0,
-           reason: str = "None", part: str = "gpu", priority: int = 0) -> QueueRecord:
+           reason: str = "None", part: str = "gpu", priority: int = 0, submit: datetime | None = None) -> QueueRecord:
     return QueueRecord(job_id=job_id, het_job_id=None, het_offset=None, array_job_id=None, array_task=None,
                        name="x", state=state, reason=reason, comment=comment, user=user, nodes="", start=start,
-                       partition=part, time_limit_s=limit_s, gpus=gpus, gpu_request=request, priority=priority)
+                       partition=part, time_limit_s=limit_s, gpus=gpus, gpu_request=request, priority=priority,
+                       submit=submit)
 
 
 def world(queue: tuple = (), **kw: object) -> SlurmWorld:
@@ -126,17 +127,23 @@ def test_pending_foreign_jobs_queue_ahead_where_slurm_slated_them_or_first_in_li
 
 def test_a_foreign_pending_job_slurm_ranks_below_our_queued_job_on_its_types_goes_after_it() -> None:
     ours = record("20", "PENDING", user="root", comment=f"slurmhet:7@{TAG}", request=(("v100", 4),),
-                  reason="Resources", part="v100", priority=5_000)
+                  reason="Resources", part="v100", priority=5_000, submit=T0)
+    later, earlier = T0 + timedelta(seconds=30), T0 - timedelta(seconds=30)
     others = (record("21", "PENDING", request=(("v100", 2),), reason="Priority", part="v100", priority=4_000),
               record("22", "PENDING", request=(("v100", 2),), reason="Priority", part="v100", priority=6_000),
               record("23", "PENDING", request=((None, 2),), reason="Priority", part="gpu", priority=4_000),
-              record("24", "PENDING", request=(("v100", 2),), reason="Priority", part="gpu", priority=4_000))
+              record("24", "PENDING", request=(("v100", 2),), reason="Priority", part="gpu", priority=4_000),
+              record("25", "PENDING", request=(("v100", 1),), reason="Priority", part="v100", priority=5_000,
+                     submit=later),
+              record("26", "PENDING", request=(("v100", 1),), reason="Priority", part="v100", priority=5_000,
+                     submit=earlier))
     w = world((ours, *others))
     facts = open_world(w, TAG, access_of(w, "root", ()), NOW)
     after = {a.owner.split()[1]: a.after for a in facts.ahead}
-    # 21: younger (lower priority), on our job's partition and type: Slurm starts it after ours.
-    # 22: higher priority; 23: may take any type of partition gpu; 24: another partition: all ahead of ours.
-    assert after == {"21": ("7",), "22": (), "23": (), "24": ()}
+    # 21: lower priority, on our job's partition and type: Slurm starts it after ours; so 25, of equal priority
+    # but submitted later. 22: higher priority; 23: may take any type of partition gpu; 24: another partition;
+    # 26: equal priority, submitted earlier: all ahead of ours.
+    assert after == {"21": ("7",), "22": (), "23": (), "24": (), "25": ("7",), "26": ()}
     # Another store's job, or one of ours Slurm already started or holds, outranks nothing.
     for mine in (record("20", "PENDING", user="root", comment="slurmhet:7@other", request=(("v100", 4),),
                         reason="Resources", part="v100", priority=5_000),
