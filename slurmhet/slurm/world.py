@@ -17,9 +17,8 @@ What slurmhet assumes about jobs it did not submit:
   (``squeue --start``), it holds those nodes from then; otherwise it takes the first
   GPUs of its kind that free up, after those of our jobs already in Slurm's queue
   (queued overdue) that Slurm ranks above it: same partition, higher priority (or
-  equal and submitted earlier), and
-  every GPU type it may take is one they wait for, so Slurm's backfill can start it
-  only where it ends before them;
+  equal and submitted earlier), and every GPU type it may take one they wait for,
+  so Slurm's backfill can start it only where it ends before them;
 - pending jobs held for reasons of their own (dependencies, begin times, limits,
   holds) take nothing.
 """
