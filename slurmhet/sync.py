@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 
 from slurmhet.slurm.client import SlurmClient
 from slurmhet.slurm.parsers import AccountingRecord, QueueRecord
+from slurmhet.slurm.world import tagged_ids
 from slurmhet.store.db import Database
 from slurmhet.failures import FailedRun, judge, tail
 from slurmhet.gpu_catalog import builtin
@@ -240,7 +241,7 @@ def adopt_orphans(session: Session, jobs: Sequence[Job], queue: Sequence[QueueRe
         known = {p.slurm_job_id for j in jobs for p in j.slurm_jobs}
         if record.root_id in known:
             continue
-        text_ids = ids_text.removeprefix("slurmhet:").split(",")
+        text_ids = tagged_ids(record.comment)
         # One array tagged with several jobs is a sweep array: task k runs the k-th job of the tag.
         sweep = len(text_ids) > 1 and record.array_job_id is not None
         for task, text_id in enumerate(text_ids):

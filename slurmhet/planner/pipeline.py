@@ -128,6 +128,7 @@ def _prepare(inp: PlanningInput) -> tuple[Problem, _Context]:
             raise InputError(f"job {job.id!r}: min_gpus {job.min_gpus} exceeds the {reachable} GPUs of its allowed types",
                              place=f"{job.id}.gpus.min", hint=f"lower gpus.min to {reachable} or allow more types")
     pinned = [j for j in inp.jobs if inp.pin_running and j.current is not None]
+    unpinned = [j for j in inp.jobs if not (inp.pin_running and j.current is not None)]
     for job in pinned:
         for node, gpu_type, count in job.current.slots:  # type: ignore[union-attr]
             if node not in nodes or gpu_type not in types:
@@ -138,8 +139,8 @@ def _prepare(inp: PlanningInput) -> tuple[Problem, _Context]:
     # slots where Slurm has just started a requeued job, or a part the store still thinks runs there. Slurm never
     # over-commits a GPU, so such a node has nothing free: no job is planned onto it, and the plan goes on.
     np.maximum(capacity, 0, out=capacity)
-    _feedable(capacity, inventory, types, [j for j in inp.jobs if j not in pinned], pinned, rates)
-    _take_world(capacity, inp.world, inp.now, nodes, types, frozenset(j.id for j in inp.jobs if j not in pinned))
+    _feedable(capacity, inventory, types, unpinned, pinned, rates)
+    _take_world(capacity, inp.world, inp.now, nodes, types, frozenset(j.id for j in unpinned))
     caps = inp.world.gpu_caps
     for job in inp.jobs:
         if job.user in caps and job.min_gpus > caps[job.user]:
@@ -148,9 +149,8 @@ def _prepare(inp: PlanningInput) -> tuple[Problem, _Context]:
                              hint=f"lower gpus.min to {caps[job.user]} or ask for a larger GPU limit")
     # A plan that may move running jobs lists them here too: an overdue one that has started keeps its
     # rank, so no younger job takes its GPUs (as pinning does on a live cluster).
-    overdue = frozenset(j.id for j in inp.jobs
-                        if j not in pinned and is_overdue(j.submitted_at, inp.now, inp.max_wait_s))
-    pending = sorted((j for j in inp.jobs if j not in pinned),
+    overdue = frozenset(j.id for j in unpinned if is_overdue(j.submitted_at, inp.now, inp.max_wait_s))
+    pending = sorted(unpinned,
                      key=lambda j: (j.id not in overdue, j.submitted_at if j.id in overdue else 0.0,
                                     wspt_key(j, rates[j.id], inventory.inter_node_gbps)))
     earliest = _earliest_starts([j for j in pending if j.id in overdue], rates, types, inp, pinned)

@@ -204,6 +204,11 @@ def is_ours(comment: str, store_tag: str) -> bool:
     return comment.startswith("slurmhet:") and comment.endswith(f"@{store_tag}")
 
 
+def tagged_ids(comment: str) -> list[str]:
+    """The slurmhet job ids a Slurm job's ``slurmhet:<ids>@<store_tag>`` comment names, as written."""
+    return comment.partition("@")[0].removeprefix("slurmhet:").split(",")
+
+
 def expected_end(record: QueueRecord, start_s: float, now_s: float,
                  fractions: Mapping[tuple[str, str], float]) -> tuple[float, bool]:
     """When a foreign job is expected to free its GPUs, and whether that is an estimate."""
@@ -231,7 +236,7 @@ def served_first(record: QueueRecord, kinds: tuple[str, ...], queued: Sequence[Q
     for ours in queued:
         types = {t for t, _ in ours.gpu_request}
         if ours.partition == record.partition and queue_rank(ours) < queue_rank(record) and set(kinds) <= types:
-            ids += [i for i in ours.comment.removeprefix("slurmhet:").rsplit("@", 1)[0].split(",") if i]
+            ids += [i for i in tagged_ids(ours.comment) if i]
     return tuple(ids)
 
 
