@@ -29,7 +29,7 @@ from slurmhet.planner.solver import pulp_highs
 MAX_OPTIONS = 60_000
 
 
-def job_options(problem: Problem, j: int) -> list[tuple[np.ndarray, int | None, float]]:
+def job_options(problem: Problem, j: int) -> list["Option"]:
     """All (count vector, node or None for spread, weighted run time) options of job ``j``."""
     allowed = np.flatnonzero(problem.allowed[j])
     hi = int(problem.hi[j])
@@ -50,21 +50,35 @@ def job_options(problem: Problem, j: int) -> list[tuple[np.ndarray, int | None, 
     return out
 
 
-def exact_milp(problem: Problem, progress: Progress | None = None,
-               time_limit_s: float | None = None) -> list[dict[tuple[int, int], int]]:
-    boxes = sum(int(np.prod([min(int(problem.type_capacity[t]), int(problem.hi[j])) + 1
-                             for t in np.flatnonzero(problem.allowed[j])])) for j in range(len(problem.jobs)))
-    if boxes > 4 * MAX_OPTIONS:  # cheap upper estimate first, so big instances fail fast
-        raise InputError(f"the exact MILP would enumerate about {boxes} count vectors", place="policy exhaustive",
-                         hint="use it on small instances; the bound covers large ones")
-    options = []
+#: One option: a count vector, the node it sits on whole (None: spread), and its term of the objective.
+Option = tuple[np.ndarray, int | None, float]
+
+
+def count_boxes(problem: Problem) -> int:
+    """How many count vectors :func:`job_options` would look at, all jobs together: a cheap upper estimate of
+    the MILP's size, so that a large instance is turned away before anything is enumerated."""
+    return sum(int(np.prod([min(int(problem.type_capacity[t]), int(problem.hi[j])) + 1
+                            for t in np.flatnonzero(problem.allowed[j])])) for j in range(len(problem.jobs)))
+
+
+def all_options(problem: Problem, limit: int, progress: Progress | None = None) -> list[list[Option]] | None:
+    """Every job's options, or None when they would be more than ``limit`` binaries."""
+    if count_boxes(problem) > 4 * limit:
+        return None
+    options: list[list[Option]] = []
     for j in range(len(problem.jobs)):
         options.append(job_options(problem, j))
-        if sum(len(o) for o in options) > MAX_OPTIONS:
-            raise InputError(f"the exact MILP would need more than {MAX_OPTIONS} binaries", place="policy exhaustive",
-                             hint="use it on small instances; the bound covers large ones")
+        if sum(len(o) for o in options) > limit:
+            return None
         if progress:
             progress(j + 1, len(problem.jobs) + 1, "exhaustive: enumerating options")
+    return options
+
+
+def solve_options(problem: Problem, options: list[list[Option]],
+                  time_limit_s: float | None = None) -> tuple[float, list[Option]] | None:
+    """One option per job, subject to per-type and per-node capacity, at the least total cost: the optimum
+    and the chosen options, or None when HiGHS did not prove one optimal (e.g. within ``time_limit_s``)."""
     model = pulp.LpProblem("slurmhet_exact", pulp.LpMinimize)
     z = [[model.add_variable(f"z_{j}_{o}", cat="Binary") for o in range(len(opts))] for j, opts in enumerate(options)]
     model += pulp.lpSum(c * z[j][o] for j, opts in enumerate(options) for o, (_, _, c) in enumerate(opts))
@@ -80,8 +94,21 @@ def exact_milp(problem: Problem, progress: Progress | None = None,
                 model += pulp.lpSum(on_node) <= int(problem.capacity[n, t])
     status = model.solve(pulp_highs(gapRel=0.0, timeLimit=time_limit_s))
     if pulp.LpStatus[status] != "Optimal":
-        raise AssertionError(f"exact MILP ended {pulp.LpStatus[status]}")
+        return None
     chosen = [next(opts[o] for o in range(len(opts)) if (z[j][o].value() or 0) > 0.5) for j, opts in enumerate(options)]
+    return sum(c for _, _, c in chosen), chosen
+
+
+def exact_milp(problem: Problem, progress: Progress | None = None,
+               time_limit_s: float | None = None) -> list[dict[tuple[int, int], int]]:
+    options = all_options(problem, MAX_OPTIONS, progress)
+    if options is None:
+        raise InputError(f"the exact MILP would need more than {MAX_OPTIONS} binaries", place="policy exhaustive",
+                         hint="use it on small instances; the bound covers large ones")
+    solved = solve_options(problem, options, time_limit_s)
+    if solved is None:
+        raise AssertionError("exact MILP ended without a proven optimum")
+    chosen = solved[1]
     free = problem.capacity.copy()
     slots: list[dict[tuple[int, int], int]] = [dict() for _ in chosen]
     for j, (x, node, _) in enumerate(chosen):

@@ -29,6 +29,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from slurmhet.planner.exact import all_options, solve_options
 from slurmhet.planner.model import Progress
 from slurmhet.planner.problem import Problem, mark_crossing, pack
 
@@ -39,6 +40,13 @@ TRADE = (1, 2, 3)
 #: Re-search rounds after packing failures.
 PACK_ROUNDS = 4
 _TOL = 1e-9
+#: The exact MILP (:func:`_exact`) is tried up to this many binaries and kept only if proven optimal within
+#: this many seconds. On Gavel's traces a decision has at most 252 (46 jobs) and solves in 23 ms or less.
+#: scale-10k's 2,048 x 1,024 decision would have 14,583 (886 jobs): 1.3 s, three times the rest of the
+#: decision, for a plan whose forecast is worse (bench/README.md); its larger sizes are turned away by the
+#: estimate alone.
+EXACT_OPTIONS = 2_000
+EXACT_SECONDS = 1.0
 _BULK = np.array(BULK)
 #: Pair tables of up to this many cells (128 KiB of floats) are built whole: for a handful of jobs that is
 #: cheaper than the column scans, whose numpy calls cost more than the table.
@@ -401,8 +409,37 @@ def pack_in_place(problem: Problem, counts: list[np.ndarray],
     return placed, placed_failed, value
 
 
+def _benefits(problem: Problem, counts: list[np.ndarray], single_ok: list[bool]) -> list[float]:
+    """What each job gains from sitting on one node (0 when it may not or cannot): the packer's order."""
+    return [problem.cost(j, x, False) - problem.cost(j, x, True) if ok and problem.fits_one_node(x) else 0.0
+            for j, (x, ok) in enumerate(zip(counts, single_ok))]
+
+
+def _exact(problem: Problem) -> tuple[float, list[dict[tuple[int, int], int]]] | None:
+    """The exact MILP's counts (``planner.exact``), packed as the search's are, with their cost; None unless
+    every job's GPU count is fixed and the MILP is small enough to prove optimal within ``EXACT_SECONDS``.
+
+    With fixed counts a job's only choice is which types, so the options stay few: on Gavel's traces
+    (3 types, gangs of 1-8) about 20 per job. The exchange moves trade at most ``max(TRADE)`` GPUs
+    between two jobs, so a gang of 4 or 8 on slow GPUs could only reach fast ones if that many other
+    jobs moved at once; the search stopped short of the MILP's optimum in a third of the decisions on
+    max_min_fairness (up to 6%). Elastic jobs (``min_gpus < max_gpus``) multiply the options by every
+    count and are left to the search (bench/README.md has what the MILP did to them).
+    """
+    if not len(problem.jobs) or not np.array_equal(problem.lo, problem.hi):
+        return None
+    options = all_options(problem, EXACT_OPTIONS)
+    solved = solve_options(problem, options, EXACT_SECONDS) if options is not None else None
+    if solved is None:
+        return None
+    counts = [x for x, _, _ in solved[1]]
+    slots, _, value = pack_in_place(problem, counts, _benefits(problem, counts, [n is not None for _, n, _ in solved[1]]))
+    return value, slots
+
+
 def allocate(problem: Problem, progress: Progress | None = None) -> list[dict[tuple[int, int], int]]:
-    """slurmhet's allocator: greedy + exchange at type level, packing, re-search after packing failures."""
+    """slurmhet's allocator: greedy + exchange at type level, packing, re-search after packing failures; the
+    exact MILP's plan instead where it is small and cheaper (:func:`_exact`)."""
     search = _Search(problem)
     search.give_minimum()
     search.grow()
@@ -412,18 +449,17 @@ def allocate(problem: Problem, progress: Progress | None = None) -> list[dict[tu
             progress(round_, PACK_ROUNDS, "slurmhet: exchange + packing")
         search.exchange()
         counts = [search.x[j].copy() for j in range(len(search.x))]
-        benefit = []
-        for j, x in enumerate(counts):
-            wants = bool(search.single_ok[j]) and problem.fits_one_node(x)
-            benefit.append(problem.cost(j, x, False) - problem.cost(j, x, True) if wants else 0.0)
-        slots, failed, value = pack_in_place(problem, counts, benefit)
+        slots, failed, value = pack_in_place(problem, counts, _benefits(problem, counts, search.single_ok.tolist()))
         if best is None or value < best[0] - _TOL * abs(value):
             best = (value, slots)
         if not failed:
             break
         for j in failed:
             search.forbid_single(j)
+    assert best is not None
+    exact = _exact(problem)
+    if exact is not None and exact[0] < best[0] - _TOL * abs(best[0]):
+        best = exact
     if progress:
         progress(PACK_ROUNDS, PACK_ROUNDS, "slurmhet: done")
-    assert best is not None
     return best[1]

@@ -148,6 +148,35 @@ def test_a_gang_is_admitted_by_its_gpu_time_not_its_run_time() -> None:
     assert plan.avg_jct * 4 == pytest.approx(700.0)
 
 
+def test_a_gang_reaches_the_fast_gpus_that_only_a_move_of_every_narrow_job_frees(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # 4 v100s on one node, 4 k80s on another, a slow link between them. Four 1-GPU jobs (50 s on a v100,
+    # 62.5 s on a k80) are admitted before a 4-GPU gang (25 s on the v100s, 250 s on the k80s; 15 s of
+    # all-reduce within a node, 1,500 s across), so the greedy start gives them the v100s. Sum of run times:
+    # 4 x 50 + 265 = 465 s; the gang on the v100s: 40 + 4 x 62.5 = 290 s. A trade of 1-3 GPUs between the gang
+    # and one job spreads the gang over both nodes, so the exchange moves stop at 465 s; only the exact MILP
+    # of fixed GPU counts moves all four at once.
+    table = ThroughputTable.from_rates({"g": {"v100": 10.0, "k80": 1.0}, "s": {"v100": 2.0, "k80": 1.6}})
+    inv = Inventory((Node("a", {"v100": 4}), Node("b", {"k80": 4})), 10.0, 0.1)
+    gang = PlanJob("gang", "g", 1000.0, 4, model_size_mb=1000.0, samples_per_sync=10.0, min_gpus=4, max_gpus=4)
+    narrow = [PlanJob(f"n{i}", "s", 100.0, 1, min_gpus=1, max_gpus=1) for i in range(4)]
+    inp = PlanningInput((gang, *narrow), inv, table)
+    assert [j.id for j in build_problem(inp).jobs] == ["n0", "n1", "n2", "n3", "gang"]
+
+    def total_and_gang(plan: Plan) -> tuple[float, dict[str, int]]:
+        return round(sum(j.finish_s for j in plan.jobs), 6), plan.job("gang").allocation.by_type()
+
+    assert total_and_gang(POLICIES["slurmhet"](inp)) == (290.0, {"v100": 4})
+    assert total_and_gang(POLICIES["exhaustive"](inp)) == (290.0, {"v100": 4})
+    exact = hetero._exact
+    assert exact(build_problem(inp)) is not None
+    monkeypatch.setattr(hetero, "_exact", lambda problem: None)
+    assert total_and_gang(POLICIES["slurmhet"](inp)) == (465.0, {"k80": 4})
+    # Elastic jobs are left to the search: their counts multiply the MILP's options.
+    elastic = replace(inp, jobs=(gang, *(replace(j, max_gpus=2) for j in narrow)))
+    assert exact(build_problem(elastic)) is None
+
+
 def test_comm_heavy_job_is_packed_on_one_node() -> None:
     nodes = (Node("a", {"v100": 2, "t4": 2}), Node("b", {"v100": 2, "t4": 2}))
     heavy = PlanJob("heavy", "B (batch size 8)", 1e6, 64, model_size_mb=1000.0, samples_per_sync=64, max_gpus=4)
