@@ -17,7 +17,11 @@ is convex in the throughput it receives, so
 3. a packer places the counts on nodes, putting jobs that gain from a single
    node (comm-heavy ones first) on one node by best fit. Jobs that wanted one
    node but did not fit are re-costed with the inter-node link and the search
-   resumes; the best packed plan wins.
+   resumes; the best packed plan wins;
+4. where every job's GPU count is fixed and the instance is small, the exact
+   MILP (``planner.exact``) is solved too, and its packed plan wins when it
+   is cheaper: the moves above change at most two jobs at a time, so a gang
+   could not take GPUs that several jobs would have to leave at once.
 
 Everything is deterministic. On the seed-001 cases it matches the exact MILP
 (see bench/README.md) in milliseconds.
@@ -420,11 +424,11 @@ def _exact(problem: Problem) -> tuple[float, list[dict[tuple[int, int], int]]] |
     every job's GPU count is fixed and the MILP is small enough to prove optimal within ``EXACT_SECONDS``.
 
     With fixed counts a job's only choice is which types, so the options stay few: on Gavel's traces
-    (3 types, gangs of 1-8) about 20 per job. The exchange moves trade at most ``max(TRADE)`` GPUs
-    between two jobs, so a gang of 4 or 8 on slow GPUs could only reach fast ones if that many other
-    jobs moved at once; the search stopped short of the MILP's optimum in a third of the decisions on
-    max_min_fairness (up to 6%). Elastic jobs (``min_gpus < max_gpus``) multiply the options by every
-    count and are left to the search (bench/README.md has what the MILP did to them).
+    (3 types, gangs of 1-8) at most 252 in a decision. The exchange moves trade at most ``max(TRADE)``
+    GPUs between two jobs, so a gang of 4 or 8 on slow GPUs could only reach fast ones if that many
+    other jobs moved at once; on max_min_fairness the search stopped short of the optimum of one type
+    per job in 51 of 156 decisions (up to 6%). Elastic jobs (``min_gpus < max_gpus``) multiply the
+    options by every count and are left to the search (bench/README.md has what the MILP did to them).
     """
     if not len(problem.jobs) or not np.array_equal(problem.lo, problem.hi):
         return None
