@@ -29,7 +29,11 @@ from slurmhet.planner.solver import pulp_highs
 MAX_OPTIONS = 60_000
 
 
-def job_options(problem: Problem, j: int) -> list["Option"]:
+#: One option: a count vector, the node it sits on whole (None: spread), and its term of the objective.
+Option = tuple[np.ndarray, int | None, float]
+
+
+def job_options(problem: Problem, j: int) -> list[Option]:
     """All (count vector, node or None for spread, weighted run time) options of job ``j``."""
     allowed = np.flatnonzero(problem.allowed[j])
     hi = int(problem.hi[j])
@@ -48,10 +52,6 @@ def job_options(problem: Problem, j: int) -> list["Option"]:
             if single < spread:
                 out.extend((x, int(n), single) for n in np.flatnonzero(np.all(problem.capacity >= x, axis=1)))
     return out
-
-
-#: One option: a count vector, the node it sits on whole (None: spread), and its term of the objective.
-Option = tuple[np.ndarray, int | None, float]
 
 
 def count_boxes(problem: Problem) -> int:
@@ -103,7 +103,8 @@ def exact_milp(problem: Problem, progress: Progress | None = None,
                time_limit_s: float | None = None) -> list[dict[tuple[int, int], int]]:
     options = all_options(problem, MAX_OPTIONS, progress)
     if options is None:
-        raise InputError(f"the exact MILP would need more than {MAX_OPTIONS} binaries", place="policy exhaustive",
+        raise InputError(f"the exact MILP is too large here: over {MAX_OPTIONS} binaries or {4 * MAX_OPTIONS} count "
+                         "vectors to enumerate", place="policy exhaustive",
                          hint="use it on small instances; the bound covers large ones")
     solved = solve_options(problem, options, time_limit_s)
     if solved is None:
