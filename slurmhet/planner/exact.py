@@ -54,21 +54,29 @@ def job_options(problem: Problem, j: int) -> list[Option]:
     return out
 
 
-def count_boxes(problem: Problem) -> int:
-    """How many count vectors :func:`job_options` would look at, all jobs together: a cheap upper estimate of
-    the MILP's size, so that a large instance is turned away before anything is enumerated."""
-    return sum(int(np.prod([min(int(problem.type_capacity[t]), int(problem.hi[j])) + 1
-                            for t in np.flatnonzero(problem.allowed[j])])) for j in range(len(problem.jobs)))
+def too_many_boxes(problem: Problem, above: int) -> bool:
+    """Whether :func:`job_options` would look at more than ``above`` count vectors, all jobs together: a cheap
+    upper estimate of the MILP's size, so that a large instance is turned away before anything is enumerated
+    (it stops counting there: the allocator asks at every decision)."""
+    boxes = 0
+    for j in range(len(problem.jobs)):
+        boxes += int(np.prod([min(int(problem.type_capacity[t]), int(problem.hi[j])) + 1
+                              for t in np.flatnonzero(problem.allowed[j])]))
+        if boxes > above:
+            return True
+    return False
 
 
 def all_options(problem: Problem, limit: int, progress: Progress | None = None) -> list[list[Option]] | None:
     """Every job's options, or None when they would be more than ``limit`` binaries."""
-    if count_boxes(problem) > 4 * limit:
+    if too_many_boxes(problem, 4 * limit):
         return None
     options: list[list[Option]] = []
+    binaries = 0
     for j in range(len(problem.jobs)):
         options.append(job_options(problem, j))
-        if sum(len(o) for o in options) > limit:
+        binaries += len(options[-1])
+        if binaries > limit:
             return None
         if progress:
             progress(j + 1, len(problem.jobs) + 1, "exhaustive: enumerating options")
