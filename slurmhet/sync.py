@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 
 from slurmhet.slurm.client import SlurmClient
 from slurmhet.slurm.parsers import AccountingRecord, QueueRecord
-from slurmhet.slurm.world import tagged_ids
+from slurmhet.slurm.world import is_ours, tagged_ids
 from slurmhet.store.db import Database
 from slurmhet.failures import FailedRun, judge, tail
 from slurmhet.gpu_catalog import builtin
@@ -235,8 +235,7 @@ def adopt_orphans(session: Session, jobs: Sequence[Job], queue: Sequence[QueueRe
     by_id = {j.id: j for j in jobs if j.state in (JobState.PENDING, JobState.SUBMIT_FAILED)}
     actions = []
     for record in queue:
-        ids_text, _, tag = record.comment.partition("@")
-        if not ids_text.startswith("slurmhet:") or tag != store_tag or record.user != owner:
+        if not is_ours(record.comment, store_tag) or record.user != owner:
             continue
         known = {p.slurm_job_id for j in jobs for p in j.slurm_jobs}
         if record.root_id in known:

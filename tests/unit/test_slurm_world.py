@@ -12,7 +12,7 @@ from slurmhet.slurm.limits import (AssocRecord, PartitionRecord, PendingStart, Q
                                    UsageRecord)
 from slurmhet.slurm.parsers import QueueRecord
 from slurmhet.slurm.world import (
-    MIN_HISTORY, SlurmWorld, access_of, gpu_use, limit_fractions, open_world,
+    MIN_HISTORY, SlurmWorld, access_of, gpu_use, is_ours, limit_fractions, open_world, tagged_ids,
 )
 
 T0 = datetime(2026, 11, 25, 12, 0, tzinfo=timezone.utc)
@@ -181,3 +181,11 @@ def test_a_foreign_job_without_a_time_limit_holds_with_no_known_end() -> None:
     w = world((record("7", "RUNNING", gpus=(("nodea", "v100", 4),), start=T0, limit_s=None),))
     (hold,) = open_world(w, TAG, access_of(w, "root", ()), NOW).holds
     assert math.isinf(hold.end_s)
+
+
+def test_a_comment_is_ours_only_with_this_stores_tag_and_names_its_jobs_as_written() -> None:
+    """The one tag check that planning, adoption of orphans (``sync.adopt_orphans``) and the report share."""
+    assert is_ours(f"slurmhet:3,4@{TAG}", TAG) and tagged_ids(f"slurmhet:3,4@{TAG}") == ["3", "4"]
+    assert not is_ours("slurmhet:3@other", TAG)  # another store's slurmhet job is foreign
+    assert not is_ours(f"slurmhet:3@{TAG}x", TAG) and not is_ours(f"train@{TAG}", TAG)
+    assert not is_ours("slurmhet:3", TAG)  # untagged: no store of this version writes it
