@@ -47,6 +47,8 @@ MANAGED_SBATCH: Mapping[str, str] = {
     "parsable": "slurmhet parses sbatch output itself",
     "signal": "slurmhet sets --signal for checkpoint-on-preemption",
     **dict.fromkeys(("hetjob", "het-group"), "slurmhet builds heterogeneous jobs from the plan"),
+    "reservation": "slurmhet plans around reservations and cannot keep a job inside one; a MAGNETIC "
+                   "reservation open to you is used without naming it",
 }
 
 _OPTION_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9-]*$")

@@ -286,6 +286,8 @@ class QueueRecord:
     exit_code: str = ""
     #: Times Slurm requeued this job (preemption, a failed node, ``scontrol requeue``); one Slurm id throughout.
     restarts: int = 0
+    #: The reservation the job runs in or asked for ("" for none): Slurm takes such jobs first, on its nodes only.
+    reservation: str = ""
 
     @property
     def root_id(self) -> str:
@@ -450,6 +452,7 @@ def parse_squeue_json(stdout: str) -> list[QueueRecord]:
                 gpu_request=_gpu_request(job, job_id),
                 exit_code=_exit_code(job.get("exit_code")),
                 restarts=_num(job.get("restart_cnt")) or 0,
+                reservation=str(job.get("resv_name", "") or ""),
             )
         )
     return out

@@ -16,11 +16,16 @@ What slurmhet assumes about jobs it did not submit:
   outranks ours on the same partition. Where Slurm gives an expected start and nodes
   (``squeue --start``), it holds those nodes from then; otherwise it takes the first
   GPUs of its kind that free up, after those of our jobs already in Slurm's queue
-  (queued overdue) that Slurm ranks above it: same partition, higher priority (or
-  equal and submitted earlier), and every GPU type it may take one they wait for,
-  so Slurm's backfill can start it only where it ends before them;
+  (queued overdue) that Slurm ranks above it (in a reservation, then a higher
+  partition PriorityTier, higher priority, earlier submission, as slurmctld sorts
+  its queue) and that wait for every (node, GPU type) its partition lets it take,
+  so that Slurm's backfill can start it only where it ends before them;
 - pending jobs held for reasons of their own (dependencies, begin times, limits,
-  holds) take nothing.
+  holds) take nothing, nor do pending jobs bound to a reservation held against us
+  (they start inside it);
+- a reservation holds its nodes until it ends, whoever it admits: slurmhet's jobs
+  name no reservation, and Slurm starts a job that names none on reserved nodes
+  only when the reservation is MAGNETIC (and open to it).
 """
 
 from __future__ import annotations
@@ -221,23 +226,47 @@ def expected_end(record: QueueRecord, start_s: float, now_s: float,
     return min(max(start_s + share * limit, now_s + OVERDUE_GRACE_S), start_s + limit), True
 
 
-def queue_rank(record: QueueRecord) -> tuple[float, float, float]:
-    """Where Slurm's scheduler takes a pending job within its partition: by decreasing priority, then
-    increasing submit time, then increasing job id (slurmctld's ``sort_job_queue2``)."""
+def queue_rank(record: QueueRecord, tiers: Mapping[str, int]) -> tuple[float, ...]:
+    """Where Slurm's scheduler takes a pending job (slurmctld's ``sort_job_queue2``): jobs in a reservation first,
+    then by decreasing PriorityTier of the partition (``tiers``, 1 when unknown), decreasing priority,
+    increasing submit time, increasing job id."""
     submit = record.submit.timestamp() if record.submit else math.inf
-    return -record.priority, submit, float(record.job_id) if record.job_id.isdigit() else math.inf
+    return (0.0 if record.reservation else 1.0, -float(tiers.get(record.partition, 1)), -float(record.priority),
+            submit, float(record.job_id) if record.job_id.isdigit() else math.inf)
 
 
-def served_first(record: QueueRecord, kinds: tuple[str, ...], queued: Sequence[QueueRecord]) -> tuple[str, ...]:
+def gpu_slots(world: SlurmWorld, partition: str, kinds: Iterable[str | None]) -> frozenset[tuple[str, str]]:
+    """The (node, GPU type) pairs a job of ``partition`` asking for ``kinds`` (None: any type) may run on; an
+    unknown partition counts as every node."""
+    nodes = {n.name: n for n in world.nodes}
+    part = next((p for p in world.partitions if p.name == partition), None)
+    wanted = set(kinds)
+    return frozenset((n, t) for n in (part.nodes if part else nodes) if n in nodes
+                     for t, c in nodes[n].gpus.items() if c > 0 and (None in wanted or t in wanted))
+
+
+def served_first(record: QueueRecord, slots: frozenset[tuple[str, str]],
+                 queued: Sequence[tuple[QueueRecord, frozenset[tuple[str, str]]]],
+                 tiers: Mapping[str, int]) -> tuple[str, ...]:
     """The slurmhet ids of our jobs pending in Slurm's queue that Slurm starts before the foreign pending job
-    ``record`` asking for ``kinds``: on its partition and ranked before it (:func:`queue_rank`), waiting for
-    every type it may take (had it another type, Slurm could start it there first)."""
+    ``record``, which may run on ``slots``: ranked before it (:func:`queue_rank`) and waiting for every slot it
+    may take. Slurm's main scheduler then keeps the nodes of our job's partition from every job after it, in
+    any partition, and backfill starts the foreign job on them only where it ends before ours starts; with a
+    slot ours cannot use, it could start there first."""
     ids: list[str] = []
-    for ours in queued:
-        types = {t for t, _ in ours.gpu_request}
-        if ours.partition == record.partition and queue_rank(ours) < queue_rank(record) and set(kinds) <= types:
+    for ours, mine in queued:
+        if queue_rank(ours, tiers) < queue_rank(record, tiers) and slots <= mine:
             ids += [i for i in tagged_ids(ours.comment) if i]
     return tuple(ids)
+
+
+def held_reservations(world: SlurmWorld, access: Access, now_s: float) -> list[ReservationRecord]:
+    """The reservations whose nodes the caller's jobs may not use until they end: every one not over, since a
+    job that does not name a reservation never starts on its nodes (slurmhet's jobs name none), except a
+    MAGNETIC one open to the caller, which Slurm fills with eligible jobs that did not ask for it."""
+    now = datetime.fromtimestamp(now_s, timezone.utc)
+    return [res for res in world.reservations if res.end > now
+            and not ("MAGNETIC" in res.flags and res.usable_by(access.user, {access.account}))]
 
 
 def open_world(world: SlurmWorld, store_tag: str, access: Access, now_s: float,
@@ -248,9 +277,20 @@ def open_world(world: SlurmWorld, store_tag: str, access: Access, now_s: float,
     nodes = {n.name: n for n in world.nodes}
     holds: list[Hold] = []
     ahead: list[QueuedAhead] = []
-    by_partition = {p.name: p for p in world.partitions}
-    queued = [r for r in world.queue if is_ours(r.comment, store_tag) and r.state == "PENDING"
-              and r.reason in COMPETING_REASONS and r.gpu_request]
+    tiers = {p.name: p.priority_tier for p in world.partitions}
+    reserved = held_reservations(world, access, now_s)
+    walled = {res.name for res in reserved}
+    memo: dict[tuple[str, frozenset[str | None]], frozenset[tuple[str, str]]] = {}
+
+    def slots_of(partition: str, kinds: Iterable[str | None]) -> frozenset[tuple[str, str]]:
+        key = (partition, frozenset(kinds))
+        if key not in memo:
+            memo[key] = gpu_slots(world, *key)
+        return memo[key]
+
+    queued = [(r, slots_of(r.partition, (t for t, _ in r.gpu_request))) for r in world.queue
+              if is_ours(r.comment, store_tag) and r.state == "PENDING" and r.reason in COMPETING_REASONS
+              and r.gpu_request]
     for record in world.queue:
         if is_ours(record.comment, store_tag):
             continue
@@ -261,15 +301,17 @@ def open_world(world: SlurmWorld, store_tag: str, access: Access, now_s: float,
             for node, gpu_type, count in record.gpus:
                 holds.append(Hold(node, gpu_type, count, min(start, now_s), max(end, now_s + 1.0), "job", owner,
                                   estimated))
-        elif record.state == "PENDING" and record.reason in COMPETING_REASONS and record.gpu_request:
+        elif (record.state == "PENDING" and record.reason in COMPETING_REASONS and record.gpu_request
+              and record.reservation not in walled):  # one bound to a held reservation starts inside its hold
             limit = record.time_limit_s
             share = used_share(record, fractions) or 1.0
             duration = share * limit if limit is not None else math.inf
             slated = world.starts.get(record.job_id)
-            part = by_partition.get(record.partition)
-            pool = [n for n in (part.nodes if part else nodes) if n in nodes]
             for gpu_type, count in record.gpu_request:
-                kinds = (gpu_type,) if gpu_type else tuple(sorted({t for n in pool for t in nodes[n].gpus}))
+                slots = slots_of(record.partition, (gpu_type,))
+                kinds = tuple(sorted({t for _, t in slots}))
+                if not kinds:  # no such GPUs in its partition: it never starts
+                    continue
                 if slated and slated.expected_start and slated.sched_nodes and math.isfinite(duration):
                     start = slated.expected_start.timestamp()
                     left = count
@@ -282,12 +324,8 @@ def open_world(world: SlurmWorld, store_tag: str, access: Access, now_s: float,
                                           "pending", owner, True))
                         left -= take
                 elif math.isfinite(duration):
-                    ahead.append(QueuedAhead(kinds, count, duration, owner, served_first(record, kinds, queued)))
-    now = datetime.fromtimestamp(now_s, timezone.utc)
-    accounts = {access.account}
-    for res in world.reservations:
-        if res.end <= now or res.usable_by(access.user, accounts):
-            continue
+                    ahead.append(QueuedAhead(kinds, count, duration, owner, served_first(record, slots, queued, tiers)))
+    for res in reserved:
         for node in res.nodes:
             for gpu_type, count in (nodes[node].gpus.items() if node in nodes else ()):
                 holds.append(Hold(node, gpu_type, count, max(res.start.timestamp(), now_s), res.end.timestamp(),

@@ -330,11 +330,13 @@ def test_a_partition_the_account_may_not_use_is_never_planned_onto(tmp_path: Pat
         subprocess.run(["scontrol", "delete", f"PartitionName={private}"], capture_output=True, timeout=30)
 
 
+# Whom it admits does not matter: slurmhet's jobs name no reservation, and Slurm starts none of them on its nodes.
+@pytest.mark.parametrize("admits", [NOISE_USER, "root"])
 def test_a_reservation_covering_nodeb_for_the_next_hour_is_not_planned_onto(tmp_path: Path, state_dir: Path,
-                                                                            leftovers: list[str]) -> None:
+                                                                            leftovers: list[str], admits: str) -> None:
     name = "slurmhet-test-maint"
     _scontrol("create", "reservation", f"ReservationName={name}", "StartTime=now", "Duration=60", "Nodes=nodeb",
-              f"Users={NOISE_USER}")
+              f"Users={admits}")
     try:
         (out,) = submit(state_dir, write(tmp_path / "r.yaml", resnet("t4-or-k80", 20, "t4, k80")))
         assert out["state"] == "SUBMITTED" and out["allocation"].startswith("1xk80"), out

@@ -140,6 +140,16 @@ def test_squeue_reads_pending_requests_typed_and_untyped(rec: Recorded) -> None:
     assert waiting.time_limit_s == 300
 
 
+def test_squeue_reads_the_reservation_a_job_names(rec: Recorded) -> None:
+    """Every recorded version prints ``resv_name`` ("" for none); a job in a reservation is ranked first by
+    Slurm and runs only on its nodes (slurm/world.py)."""
+    data = json.loads(rec.read("squeue_json_foreign.json"))
+    assert all(job["resv_name"] == "" for job in data["jobs"])
+    assert {r.reservation for r in parsers.parse_squeue_json(json.dumps(data))} == {""}
+    data["jobs"][0]["resv_name"] = "maint"
+    assert parsers.parse_squeue_json(json.dumps(data))[0].reservation == "maint"
+
+
 def test_squeue_gpu_fallbacks_and_later_formats() -> None:
     job = {"job_id": {"set": True, "infinite": False, "number": 5}, "job_state": ["RUNNING"], "nodes": "nodeb",
            "gres_detail": [], "tres_alloc_str": "cpu=1,gres/gpu=3,gres/gpu:t4=2",

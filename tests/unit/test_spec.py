@@ -99,6 +99,7 @@ BASE = "name: a\ncommand: x\nworkload: {model: m, batch_size: 2}\nwork: {steps: 
         (BASE + "colocate: true\ncontainer: img.sif\n", "f.yaml:5:", "co-located jobs share"),
         (BASE + "sbatch: ['--cpus-per-gpu=2']\n", "f.yaml:5:", "use 'cpus_per_gpu:'"),
         (BASE + "sbatch: ['--chdir=/x']\n", "f.yaml:5:", "use the spec's 'workdir:'"),
+        (BASE + "sbatch: ['--reservation=maint']\n", "f.yaml:5:", "MAGNETIC reservation open to you"),
         (BASE.replace("batch_size: 2}", "batch_size: 2, arithmetic_intensity: -3}"), "f.yaml:3:", "must be > 0"),
         ("jobs: []\n", "f.yaml:1:", "non-empty list"),
         ("jobs:\n  - " + BASE.replace("\n", "\n    ").rstrip() + "\n  - " + BASE.replace("\n", "\n    ").rstrip() + "\n",
