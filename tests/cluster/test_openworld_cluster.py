@@ -345,8 +345,25 @@ def test_a_reservation_covering_nodeb_for_the_next_hour_is_not_planned_onto(tmp_
         (waiting,) = submit(state_dir, write(tmp_path / "w.yaml", resnet("t4-only", 20, "t4")))
         assert waiting["state"] == "PENDING", waiting
         assert f"reservation {name}" in status(state_dir)[waiting["job_id"]]["why"]
+        if admits == NOISE_USER:  # a job bound to the reservation: squeue names it, as slurm/world.py reads it
+            inside = sbatch_foreign(f"--reservation={name}", "-p", "t4", "--gres=gpu:t4:1", "-t", "5", "--wrap",
+                                    "sleep 120")
+            leftovers.append(inside)
+            wait_slurm(inside, ("RUNNING",))
+            (record,) = SLURM.queue([inside])
+            assert record.reservation == name and record.gpus == (("nodeb", "t4", 1),), record
     finally:
-        subprocess.run(["scontrol", "delete", f"ReservationName={name}"], capture_output=True, timeout=30)
+        scancel(leftovers)  # Slurm keeps a reservation that a job still runs in
+        deadline = time.monotonic() + 60
+        while subprocess.run(["scontrol", "delete", f"ReservationName={name}"], capture_output=True,
+                             timeout=30).returncode and name in _reservations() and time.monotonic() < deadline:
+            time.sleep(1)
+        assert name not in _reservations()
+
+
+def _reservations() -> str:
+    return subprocess.run(["scontrol", "show", "reservation", "--oneliner"], capture_output=True, text=True,
+                          timeout=30).stdout
 
 
 # --------------------------------------------------------------------------- bad Slurm output
