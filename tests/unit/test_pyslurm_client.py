@@ -25,3 +25,29 @@ def test_pyslurm_reads_the_same_inventory_as_the_cli(slurm_cluster: None) -> Non
         pytest.skip(f"pyslurm adapter not usable here: {reason}")
     adapter = pyslurm_client.PyslurmClient(module, cli)
     assert {n.name: dict(n.gpus) for n in adapter.nodes()} == {n.name: dict(n.gpus) for n in cli.nodes()}
+
+
+def test_the_queue_is_read_as_the_cli_reads_it_with_every_field_the_open_world_needs() -> None:
+    """pyslurm's job objects lacked the GPUs a foreign job holds, its request, partition, priority and limit:
+    read through them, every other user's job held nothing and the planner saw an empty cluster."""
+    from types import SimpleNamespace
+
+    from slurmhet.slurm.parsers import QueueRecord
+
+    held = QueueRecord(job_id="7", het_job_id=None, het_offset=None, array_job_id=None, array_task=None, name="x",
+                       state="RUNNING", reason="None", comment="", user="alice", nodes="nodea", partition="v100",
+                       priority=42, time_limit_s=600.0, gpus=(("nodea", "v100", 4),), gpu_request=(("v100", 4),))
+    asked: list[object] = []
+
+    class Cli:
+        def queue(self, job_ids: object = None) -> list[QueueRecord]:
+            asked.append(job_ids)
+            return [held]
+
+    def no_jobs() -> None:
+        raise AssertionError("the queue must not be read through pyslurm.Jobs")
+
+    module = SimpleNamespace(Jobs=SimpleNamespace(load=no_jobs))
+    adapter = pyslurm_client.PyslurmClient(module, Cli())  # type: ignore[arg-type]
+    assert adapter.queue(["7"]) == [held] and adapter.queue() == [held]
+    assert asked == [["7"], None]
