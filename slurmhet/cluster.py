@@ -101,9 +101,10 @@ class Hold:
 
     Someone else holds them: a job slurmhet did not submit (``kind="job"``, from its
     start until its expected end), a reservation slurmhet's jobs may not run in
-    (``kind="reservation"``: every one but a MAGNETIC one open to the user), or a foreign pending job Slurm has already slated for
-    these nodes at its expected start (``kind="pending"``). Times are absolute
-    seconds; ``end_s`` is ``math.inf`` when nobody knows.
+    (``kind="reservation"``: every one but a MAGNETIC one open to the user), or a
+    foreign pending job Slurm has already slated for these nodes at its expected
+    start (``kind="pending"``). Times are absolute seconds; ``end_s`` is
+    ``math.inf`` when nobody knows.
     """
 
     node: str
