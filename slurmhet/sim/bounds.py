@@ -12,14 +12,16 @@ the best any scheduler could do. The engine's facts the proofs rest on:
      communication, contention, restarts, start-up and consolidation only subtract.
 (E2) A GPU serves one job, except a co-located pair of single-GPU jobs (the engine
      refuses a shared group with a member asking more than one GPU) on one GPU of type
-     ``g`` running at the measured ``(r_a, r_b)``; ``gamma[g] >= 1`` is the largest
-     ``r_a / u[a, g] + r_b / u[b, g]`` over the pairs the instance's jobs could form
-     (1 when the run has no co-locating policy). The *gain* ``e[j, g]`` is ``gamma[g]``
-     for a single-GPU job and 1 for a multi-GPU one, and ``q[j, g] = u[j, g] e[j, g]``
-     its work per GPU-second: a pair sharing a GPU of type ``g`` for ``z`` seconds can be
-     booked as ``y_a = r_a z / (u[a, g] gamma[g])`` and ``y_b = r_b z / (u[b, g] gamma[g])``
-     GPU-seconds, so ``y_a q[a, g] = r_a z`` and ``y_b q[b, g] = r_b z`` with
-     ``y_a + y_b <= z`` (and each at most ``z``); a job alone on a GPU-second does at most
+     ``g`` running at the measured ``(r_a, r_b)``. The *gain* ``e[j, g] >= 1`` of a
+     single-GPU job is the largest ``r_a / u[a, g] + r_b / u[b, g]`` over the pairs its job
+     type ``a`` forms on ``g`` with the instance's single-GPU job types ``b`` (itself only
+     when the instance has two such jobs); it is 1 for a multi-GPU job and when the run has
+     no co-locating policy. ``q[j, g] = u[j, g] e[j, g]`` is its work per GPU-second: a pair
+     sharing a GPU of type ``g`` for ``z`` seconds can be booked as
+     ``y_a = r_a z / (u[a, g] e[a, g])`` and ``y_b = r_b z / (u[b, g] e[b, g])`` GPU-seconds,
+     so ``y_a q[a, g] = r_a z`` and ``y_b q[b, g] = r_b z`` with
+     ``y_a + y_b <= (r_a / u[a, g] + r_b / u[b, g]) z / min(e[a, g], e[b, g]) <= z``, both
+     members' gains being at least their pair's (and each at most ``z``); a job alone on a GPU-second does at most
      ``u <= q`` on it; and a multi-GPU job never shares, so the GPU-seconds it holds are
      its own and each yields at most ``u[j, g] = q[j, g]``. Booked GPU-seconds so never
      exceed the GPUs' (nor, per job, the GPUs it holds). A co-located job's own rate is
@@ -29,18 +31,19 @@ the best any scheduler could do. The engine's facts the proofs rest on:
 (E4) A job's first start costs ``start_s`` without progress.
 
 Charging every job ``p_j = S_j / max_g q[j, g]`` GPU-seconds (its steps at the best work
-per GPU-second it can get anywhere: ``u gamma`` for a single-GPU job, ``u`` for a
+per GPU-second it can get anywhere: ``u e`` for a single-GPU job, ``u`` for a
 multi-GPU one) turns any schedule into a *pooled* one on a single machine of speed
 ``C`` = all GPUs, in which a job runs at most at rate ``rho_j C`` with
 ``rho_j = min(1, k_j / C)`` (``rho_j = 1`` with forking): by (E1)-(E2) the charged rate
 of all jobs together never exceeds ``C`` (a shared GPU is charged
-``r_a / max q_a + r_b / max q_b <= (r_a / u_a + r_b / u_b) / gamma <= 1``, a GPU one job
+``r_a / max q_a + r_b / max q_b <= r_a / (u_a e_a) + r_b / (u_b e_b) <= 1``, a GPU one job
 holds alone at most ``u / max q <= 1``, ``q = u`` for a multi-GPU job).
 """
 
 from __future__ import annotations
 
 import heapq
+from collections import Counter
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -59,7 +62,7 @@ GRID_RATIO = 1.15
 MAX_RELEASE_POINTS = 200
 #: ... plus this many equal intervals up to the horizon (halved while the LP is too large).
 GRID_INTERVALS = 80
-#: The makespan LP prices co-location pair by pair up to this many pairs (beyond, by gamma).
+#: The makespan LP prices co-location pair by pair up to this many pairs (beyond, by the gains).
 MAX_PAIRS = 20_000
 #: No LP above this many columns.
 MAX_LP_COLUMNS = 150_000
@@ -93,7 +96,7 @@ class _Instance:
     u: np.ndarray         # per-GPU isolated rate [job, type]
     own: np.ndarray       # v[j, g]: best own rate per GPU, co-located included
     capacity: np.ndarray  # C_g
-    gamma: np.ndarray     # gamma_g
+    gain: np.ndarray      # e[j, g]
     #: Co-locatable job pairs (a, b, g, r_a, r_b) whose measured rates beat sharing the GPU's time (None: too many).
     pairs: tuple[tuple[int, int, int, float, float], ...] | None = ()
 
@@ -132,42 +135,47 @@ def _instance(jobs: Sequence[TraceJob], capacity: Mapping[str, int], rates: Rate
     u = np.array([[rates.type_rate(j.job_type, j.gpus, t) / j.gpus for t in types] for j in jobs]).reshape(len(jobs),
                                                                                                           len(types))
     own = u.copy()
-    gamma = np.ones(len(types))
+    gain = np.ones(u.shape)
     measured = _measured_pairs(jobs, types, rates) if colocates else {}
+    best_gain: dict[tuple[str, int], float] = {}
     best_own: dict[tuple[str, int], float] = {}
     for (a, b, g), (ra, rb) in measured.items():
-        gamma[g] = max(gamma[g], ra / rates.type_rate(a, 1, types[g]) + rb / rates.type_rate(b, 1, types[g]))
+        pair = ra / rates.type_rate(a, 1, types[g]) + rb / rates.type_rate(b, 1, types[g])
+        best_gain[(a, g)] = max(best_gain.get((a, g), 1.0), pair)
         best_own[(a, g)] = max(best_own.get((a, g), 0.0), ra)
     for ji, job in enumerate(jobs):
         for g in range(len(types)):
             if job.gpus == 1:
+                gain[ji, g] = best_gain.get((job.job_type, g), 1.0)
                 own[ji, g] = max(own[ji, g], best_own.get((job.job_type, g), 0.0))
     return _Instance(
         steps=np.array([float(j.total_steps or 0.0) for j in jobs]), gpus=np.array([float(j.gpus) for j in jobs]),
         arrival=np.array([j.arrival for j in jobs], dtype=float),
         weight=np.array([j.weight for j in jobs], dtype=float),
-        u=u, own=own, capacity=np.array([float(capacity[t]) for t in types]), gamma=gamma,
+        u=u, own=own, capacity=np.array([float(capacity[t]) for t in types]), gain=gain,
         pairs=_pairs(jobs, u, measured) if colocates else ())
 
 
 def _work(inst: _Instance) -> np.ndarray:
     """``q[j, g] = u[j, g] e[j, g]``, the most of job ``j``'s isolated work one GPU-second of type ``g`` can be
-    booked for (E2): the gain ``e`` is ``gamma[g]`` for a single-GPU job, which may share the GPU, and 1 for a
-    multi-GPU job, which never does."""
-    gain = np.where(inst.gpus[:, None] == 1, inst.gamma[None, :], 1.0)
-    return inst.u * gain
+    booked for (E2): the gain ``e`` is its best pair's on ``g`` for a single-GPU job, which may share the GPU,
+    and 1 for a multi-GPU job, which never does."""
+    return inst.u * inst.gain
 
 
 def _measured_pairs(jobs: Sequence[TraceJob], types: list[str],
                     rates: RateModel) -> dict[tuple[str, str, int], tuple[float, float]]:
     """(job type a, job type b, type index) -> measured co-located rates, for single-GPU job types that run on
-    the type alone: what both gamma and the pair-by-pair LP read."""
-    singles = sorted({j.job_type for j in jobs if j.gpus == 1})
+    the type alone: what both the gains and the pair-by-pair LP read. A type pairs with itself only where
+    the instance has two single-GPU jobs of it."""
+    counts = Counter(j.job_type for j in jobs if j.gpus == 1)
     out = {}
     for g, t in enumerate(types):
-        runs = [a for a in singles if rates.type_rate(a, 1, t) > 0]
+        runs = [a for a in sorted(counts) if rates.type_rate(a, 1, t) > 0]
         for a in runs:
             for b in runs:
+                if a == b and counts[a] < 2:
+                    continue
                 pair = rates.colocated_rates((a, b), t)
                 if pair:
                     out[(a, b, g)] = (float(pair[0]), float(pair[1]))
@@ -217,7 +225,7 @@ def _fluid_makespan(inst: _Instance, forks: bool) -> float:
 
     Validity: the jobs arriving at or after ``a`` run entirely inside ``[a, end]``; booking job ``j``
     ``y[j, g]`` GPU-seconds of type ``g`` there as in (E2), (E1)-(E2) need ``sum_g y[j, g] q[j, g] >= S_j``
-    (``q = u gamma`` for a single-GPU job, ``u`` for a multi-GPU one, :func:`_work`) and capacity gives
+    (``q = u e`` for a single-GPU job, ``u`` for a multi-GPU one, :func:`_work`) and capacity gives
     ``sum_j y[j, g] <= C_g (end - a)``; (E3) adds ``sum_g y[j, g] <= k_j (end - a)``. The LP's minimum ``T_a``
     so satisfies ``end - a >= T_a`` for every schedule.
     """
@@ -235,7 +243,7 @@ def _fluid_time(inst: _Instance, members: np.ndarray, forks: bool) -> float:
     """The fluid LP of :func:`_fluid_makespan` for ``members``. Co-location enters pair by pair when the instance
     lists its pairs: ``z`` GPU-seconds of jobs a and b sharing a GPU of type g give a ``r_a z`` and b ``r_b z``
     steps and count once against the type's capacity and once against each job's GPU limit (E2); otherwise
-    every GPU-second does up to gamma_g times a single-GPU job's isolated work (the booking of (E2): a pair
+    every GPU-second does up to ``e[j, g]`` times a single-GPU job's isolated work (the booking of (E2): a pair
     sharing ``z`` GPU-seconds books ``y_a + y_b <= z``) and exactly a multi-GPU job's, which never shares the
     GPU-seconds it holds, so the capacity and GPU-limit rows still hold."""
     pairs = inst.pairs
@@ -289,13 +297,13 @@ def _interval_lp(inst: _Instance, alone: np.ndarray, running: np.ndarray, forks:
     Time is cut at grid points ``a_0 < a_1 < ...`` (release times, a geometric and a uniform grid reaching
     three times ``horizon``, the makespan bound, past the first arrival; the last interval is unbounded, which
     is valid, only looser). ``y[j, g, i]`` = GPU-seconds of type ``g`` booked to job ``j`` in interval ``i``
-    as in (E2): its work there over ``q[j, g]`` (:func:`_work`: ``u gamma`` for a single-GPU job, which may
+    as in (E2): its work there over ``q[j, g]`` (:func:`_work`: ``u e`` for a single-GPU job, which may
     share a GPU, the pair's two bookings summing to at most the shared GPU-seconds; ``u`` for a multi-GPU job,
     whose GPU-seconds are its own). Every schedule gives such ``y`` with: work ``sum y q = S_j`` (E1-E2); per
     interval and type at most ``C_g * length`` GPU-seconds; without forking at most ``k_j * length`` per job
     (E3); per job at most ``S_j / p_j * length`` work, ``p_j`` = ``running``, its alone time without start-up
     (:func:`_alone_seconds`: no allocation runs it faster, and a co-located job's own rate is at most ``v``,
-    while ``q = u gamma`` would credit a lone single-GPU job the pair's gain); nothing before the job's
+    while ``q = u e`` would credit a lone single-GPU job the pair's gain); nothing before the job's
     release (its release rounded down to a grid point, a relaxation). Its mean busy time ``M_j`` (the
     work-weighted mean time of its processing) is at least ``sum_i f_ji a_i``, ``f_ji`` the share of its work
     done in interval ``i``; it runs at most at its alone rate, so its work spans at least ``alone_j`` and

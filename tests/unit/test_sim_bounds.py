@@ -114,8 +114,39 @@ def test_colocation_is_priced_pair_by_pair_in_the_makespan_lp() -> None:
     assert instance_bounds(jobs, {"v100": 1}, shared, colocates=True).makespan == pytest.approx(200.0)
 
 
+def test_a_job_is_credited_only_its_own_best_pairs_gain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where pairs are not priced one by one (the makespan LP above MAX_PAIRS, and every JCT bound), a
+    single-GPU job's V100-second does at most its best pair's gain times its work: 1.6 for x and y, which pair,
+    but 1 for w, which pairs with nobody, and 1 for a lone z, whose measured pair is with z itself. So x, y and
+    w (80, 80, 100 steps) need 100 + 100 s of the one V100, not 260 / 1.6 = 162.5 s; z and w need 180 s, two z
+    and w 160 / 1.6 + 100 = 200 s."""
+    from slurmhet.sim import bounds
+    from slurmhet.sim.contention import ContentionModel
+    from slurmhet.sim.rates import RateModel
+
+    class SelfPair(PairRates):
+        def colocated(self, job_type: str, partner: str, gpu_type: str) -> tuple[float, float] | None:
+            if job_type == partner == "z" and gpu_type == "v100":
+                return (0.8, 0.8)
+            return super().colocated(job_type, partner, gpu_type)
+
+    table = {"x": {"v100": 1.0}, "y": {"v100": 1.0}, "w": {"v100": 1.0}, "z": {"v100": 1.0}}
+    shared = RateModel(SelfPair(table), ContentionModel(1.0, xi2=0.0), {t: 0.0 for t in table})
+    monkeypatch.setattr(bounds, "MAX_PAIRS", 0)
+    capacity = {"v100": 1}
+    x, y, w = TraceJob(0, "x", 1, 0.0, 80.0), TraceJob(1, "y", 1, 0.0, 80.0), TraceJob(2, "w", 1, 0.0, 100.0)
+    assert instance_bounds([x, y, w], capacity, shared, colocates=True).makespan == pytest.approx(200.0)
+    lone = [TraceJob(0, "z", 1, 0.0, 80.0), w]
+    assert instance_bounds(lone, capacity, shared, colocates=True).makespan == pytest.approx(180.0)
+    two = [TraceJob(0, "z", 1, 0.0, 80.0), TraceJob(1, "z", 1, 0.0, 80.0), w]
+    bound = instance_bounds(two, capacity, shared, colocates=True)
+    assert bound.makespan == pytest.approx(200.0)
+    # Both z sharing the V100 for 100 s, then w: a schedule the engine runs, above every bound.
+    assert bound.avg_jct <= (100 + 100 + 200) / 3 + 1e-6
+
+
 def test_colocation_gain_only_speeds_up_single_gpu_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """x and y share a V100 at 0.8 + 0.8 = 1.6 times one job's rate (gamma = 1.6), but only single-GPU jobs may
+    """x and y share a V100 at 0.8 + 0.8 = 1.6 times one job's rate (their gain), but only single-GPU jobs may
     share: each GPU-second a 2-GPU job holds does exactly its isolated work. Two 2-GPU x jobs (200 steps, 100 s
     alone on both V100s) and single-GPU x and y (80 steps) on 2 V100s, all at 0."""
     from slurmhet.sim import bounds
@@ -134,13 +165,14 @@ def test_colocation_gain_only_speeds_up_single_gpu_jobs(monkeypatch: pytest.Monk
     assert bound.avg_jct >= (25 + 50 + 150 + 250) / 4 - 1e-6
     assert bound.avg_jct <= best_avg_jct + 1e-6 and bound.weighted_jct <= best_weighted + 1e-6
     assert bound.makespan == pytest.approx(250.0) and bound.makespan <= best_makespan
-    # Without the pair-by-pair LP the makespan LP prices co-location by gamma: 2 * 200 GPU-seconds for the 2-GPU
-    # jobs plus 2 * 80 / 1.6 for the singles over 2 GPUs is 250 s (gamma on every job: (400 / 1.6 + 100) / 2).
+    # Without the pair-by-pair LP the makespan LP prices co-location by the singles' gains (1.6 for x and y): 2 *
+    # 200 GPU-seconds for the 2-GPU jobs plus 2 * 80 / 1.6 for the singles over 2 GPUs is 250 s (1.6 on every job:
+    # (400 / 1.6 + 100) / 2).
     monkeypatch.setattr(bounds, "MAX_PAIRS", 0)
     assert bounds._instance(jobs, capacity, shared, True).pairs is None
-    by_gamma = instance_bounds(jobs, capacity, shared, colocates=True)
-    assert by_gamma.makespan == pytest.approx(250.0)
-    assert by_gamma.avg_jct >= (25 + 50 + 150 + 250) / 4 - 1e-6
+    by_gains = instance_bounds(jobs, capacity, shared, colocates=True)
+    assert by_gains.makespan == pytest.approx(250.0)
+    assert by_gains.avg_jct >= (25 + 50 + 150 + 250) / 4 - 1e-6
 
 
 def test_no_job_works_faster_than_alone_in_the_interval_lp() -> None:
