@@ -235,16 +235,6 @@ def queue_rank(record: QueueRecord, tiers: Mapping[str, int]) -> tuple[float, ..
             submit, float(record.job_id) if record.job_id.isdigit() else math.inf)
 
 
-def gpu_slots(world: SlurmWorld, partition: str, kinds: Iterable[str | None]) -> frozenset[tuple[str, str]]:
-    """The (node, GPU type) pairs a job of ``partition`` asking for ``kinds`` (None: any type) may run on; an
-    unknown partition counts as every node."""
-    nodes = {n.name: n for n in world.nodes}
-    part = next((p for p in world.partitions if p.name == partition), None)
-    wanted = set(kinds)
-    return frozenset((n, t) for n in (part.nodes if part else nodes) if n in nodes
-                     for t, c in nodes[n].gpus.items() if c > 0 and (None in wanted or t in wanted))
-
-
 def served_first(record: QueueRecord, slots: frozenset[tuple[str, str]],
                  queued: Sequence[tuple[QueueRecord, frozenset[tuple[str, str]]]],
                  tiers: Mapping[str, int]) -> tuple[str, ...]:
@@ -277,16 +267,22 @@ def open_world(world: SlurmWorld, store_tag: str, access: Access, now_s: float,
     nodes = {n.name: n for n in world.nodes}
     holds: list[Hold] = []
     ahead: list[QueuedAhead] = []
-    tiers = {p.name: p.priority_tier for p in world.partitions}
+    by_partition = {p.name: p for p in world.partitions}
+    tiers = {name: p.priority_tier for name, p in by_partition.items()}
     reserved = held_reservations(world, access, now_s)
     walled = {res.name for res in reserved}
     memo: dict[tuple[str, frozenset[str | None]], frozenset[tuple[str, str]]] = {}
 
     def slots_of(partition: str, kinds: Iterable[str | None]) -> frozenset[tuple[str, str]]:
-        key = (partition, frozenset(kinds))
-        if key not in memo:
-            memo[key] = gpu_slots(world, *key)
-        return memo[key]
+        """The (node, GPU type) pairs a job of ``partition`` asking for ``kinds`` (None: any type) may run on; an
+        unknown partition counts as every node."""
+        wanted = frozenset(kinds)
+        if (partition, wanted) not in memo:
+            part = by_partition.get(partition)
+            memo[(partition, wanted)] = frozenset(
+                (n, t) for n in (part.nodes if part else nodes) if n in nodes
+                for t, c in nodes[n].gpus.items() if c > 0 and (None in wanted or t in wanted))
+        return memo[(partition, wanted)]
 
     queued = [(r, slots_of(r.partition, (t for t, _ in r.gpu_request))) for r in world.queue
               if is_ours(r.comment, store_tag) and r.state == "PENDING" and r.reason in COMPETING_REASONS
