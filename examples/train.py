@@ -34,6 +34,7 @@ from slurmhet.errors import InputError
 from slurmhet.runtime import emulation
 from slurmhet.runtime.checkpoint import (StopRequest, TrainingCheckpoint, choose_resume, handle_stop,
                                          own_checkpoint_name, save_checkpoint)
+from slurmhet.runtime.output import say
 from slurmhet.runtime.progress import ProgressRecord, ProgressReporter
 from slurmhet.runtime.torch import (ProportionalDistributedSampler, any_rank, global_mean_loss,
                                     register_exact_gradients)
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
         outcome = handle_stop(stop, rank=rank, env=env, save=save_on_stop)
         state = outcome.reason
         if rank == 0:
-            print(f"stopping after step {steps}: {outcome.reason}; {outcome.detail}", file=sys.stderr, flush=True)
+            say(f"stopping after step {steps}: {outcome.reason}; {outcome.detail}")
     elif checkpoint_dir and rank == 0:
         save_checkpoint(checkpoint_dir / own_name, checkpoint())
     if reporter is not None:
@@ -197,8 +198,9 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
     if rank == 0:
         with torch.no_grad():
             final = nn.functional.mse_loss(model(x), y).item()
-        print(json.dumps({"final_loss": final, "steps": steps, "start_steps": start_steps, "state": state,
-                          "world_size": world, "emulated": emulated}), flush=True)
+        # say(): pack members share the job's output file, and two print()ed summaries could fuse into one line.
+        say(json.dumps({"final_loss": final, "steps": steps, "start_steps": start_steps, "state": state,
+                        "world_size": world, "emulated": emulated}), sys.stdout)
     if world > 1:
         # Leave together: a rank tearing gloo down while a peer still writes its checkpoint aborts (SIGABRT).
         dist.barrier()

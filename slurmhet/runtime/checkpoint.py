@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import math
 import signal
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +32,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from slurmhet.errors import InputError, SystemFailure
+from slurmhet.runtime.output import say
 from slurmhet.runtime.progress import atomic_write
 
 if TYPE_CHECKING:
@@ -138,9 +138,7 @@ def load_checkpoint(path: str | Path) -> TrainingCheckpoint:
     return TrainingCheckpoint(model=check_state_dict(data, path, what="state_dict"))
 
 
-def load_latest_good(path: Path, warn: Callable[[str], None] = lambda line: print(line, file=sys.stderr,
-                                                                                  flush=True)
-                     ) -> tuple[Path, TrainingCheckpoint] | None:
+def load_latest_good(path: Path, warn: Callable[[str], None] = say) -> tuple[Path, TrainingCheckpoint] | None:
     """The newest of ``path`` and its previous checkpoint that loads; a bad one is skipped with a warning.
 
     None when neither exists. Both unreadable is an error (exit 2): training from scratch over

@@ -27,7 +27,6 @@ weight-averages their model parameters (consolidation). Rules here:
 from __future__ import annotations
 
 import math
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +34,7 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from slurmhet.errors import InputError
 from slurmhet.runtime.checkpoint import TrainingCheckpoint, load_checkpoint, save_checkpoint
+from slurmhet.runtime.output import say
 from slurmhet.runtime.progress import ProgressRecord, progress_path, write_progress
 
 if TYPE_CHECKING:
@@ -133,7 +133,7 @@ def _good_copies(paths: Sequence[Path], warn: Callable[[str], None]) -> tuple[li
 def consolidate(out: str | Path, ckpts: Sequence[str | Path], weights: Sequence[float] | None = None, *,
                 progress_dir: str | Path | None = None, job_id: str | None = None,
                 slurm_job_id: str = "consolidate", skip_bad: bool = False,
-                warn: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
+                warn: Callable[[str], None] = say
                 ) -> ConsolidationResult:
     """Weight-average the copies' models into ``out``.
 

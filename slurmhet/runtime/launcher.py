@@ -35,7 +35,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, replace
@@ -47,6 +46,7 @@ from slurmhet.errors import InputError
 from slurmhet.runtime.emulation import enabled as emulation_enabled
 from slurmhet.runtime.emulation import node_gpu_type
 from slurmhet.runtime.hostlist import expand_hostlist
+from slurmhet.runtime.output import say
 from slurmhet.runtime.progress import ProgressRecord, progress_path, read_record, write_progress
 
 #: Step ids Slurm gives the batch script and the extern step; neither is an srun task.
@@ -374,8 +374,8 @@ def launch(argv: list[str], env: Mapping[str, str] | None = None) -> int:
     last = read_record(rank_env.progress_file) or _initial_record(rank_env, emulation_enabled(base_env))
     stopped_on_purpose = last.state in ("preempted", "timeout") and status in _STOP_KILL_STATUSES
     if profiled:
-        print(f"slurmhet run: profiled {last.steps_done - last.start_steps} steps at {last.samples_per_second:.1f} "
-              "samples/s; stopped the command", file=sys.stderr)
+        say(f"slurmhet run: profiled {last.steps_done - last.start_steps} steps at {last.samples_per_second:.1f} "
+            "samples/s; stopped the command")
         state, code = "done", 0
     elif stopped_on_purpose:
         # The run checkpointed and asked for a requeue; Slurm's requeue then kills it (143): not a failure.
@@ -386,5 +386,5 @@ def launch(argv: list[str], env: Mapping[str, str] | None = None) -> int:
         code = status
     write_progress(rank_env.progress_file, replace(last, state=state, exit_code=code, updated_at=time.time()))
     if status != 0:
-        print(f"slurmhet run: rank {rank_env.rank} command exited with status {status}", file=sys.stderr)
+        say(f"slurmhet run: rank {rank_env.rank} command exited with status {status}")
     return status

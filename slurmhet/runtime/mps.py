@@ -25,7 +25,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -34,6 +33,7 @@ from types import FrameType
 from typing import Any, Callable, Mapping, Sequence
 
 from slurmhet.errors import InputError, SystemFailure
+from slurmhet.runtime.output import say
 
 CONTROL_PROGRAM = "nvidia-cuda-mps-control"
 TRAPPED_SIGNALS = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT)
@@ -127,7 +127,7 @@ def _control(argv: list[str], env: Mapping[str, str], stdin_text: str | None = N
 
 def run_pack(members: Sequence[PackMember], *, env: Mapping[str, str] | None = None, tmp_root: Path | None = None,
              control_program: str = CONTROL_PROGRAM, grace_s: float = 60.0,
-             log: Callable[[str], None] = lambda line: print(f"slurmhet run-pack: {line}", file=sys.stderr, flush=True),
+             log: Callable[[str], None] = lambda line: say(f"slurmhet run-pack: {line}"),
              ) -> list[MemberResult]:
     """Run the members concurrently (under a private MPS daemon when one is available); return their results."""
     if not members:
