@@ -10,6 +10,7 @@ not a traceback.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Collection, Mapping
@@ -385,6 +386,40 @@ def parse_pending_starts(text: str) -> list[PendingStart]:
         out.append(PendingStart(job_id, start, _hosts(nodes, START_CMD, f"job {job_id}"), reason))
     return out
 
+
+
+# --------------------------------------------------------------------------- reservations for blocked jobs
+
+
+@dataclass(frozen=True)
+class ReserveRule:
+    """Which blocked pending jobs Slurm holds nodes for (``SchedulerParameters`` bf_min_age_reserve and
+    bf_min_prio_reserve). When the job first in line cannot start, slurmctld's main scheduler keeps its
+    partition's nodes from every later job and backfill books them for it, unless it has been eligible for less
+    than ``min_age_s`` (or not at all) or its priority is below ``min_priority``: then later jobs pass it."""
+
+    min_age_s: float = 0.0
+    min_priority: int = 0
+
+    def reserves(self, eligible_s: float | None, priority: int, now_s: float) -> bool:
+        """Whether a blocked job eligible since ``eligible_s`` (None: not yet) holds back the jobs after it."""
+        if self.min_age_s > 0 and (eligible_s is None or now_s - eligible_s < self.min_age_s):
+            return False
+        return not (self.min_priority > 0 and priority < self.min_priority)
+
+
+def _leading_int(text: str) -> int:
+    """C's atoi, as slurmctld reads these options: leading digits, else 0 (it ignores a negative value)."""
+    match = re.match(r"\s*(\d+)", text)
+    return int(match.group(1)) if match else 0
+
+
+def parse_reserve_rule(config: Mapping[str, str]) -> ReserveRule:
+    """``scontrol show config``'s SchedulerParameters -> :class:`ReserveRule` (the defaults when unset)."""
+    options = dict(part.strip().partition("=")[::2] for part in config.get("SchedulerParameters", "").split(",")
+                   if part.strip() and part.strip() != "(null)")
+    return ReserveRule(float(_leading_int(options.get("bf_min_age_reserve", "0"))),
+                       _leading_int(options.get("bf_min_prio_reserve", "0")))
 
 
 # --------------------------------------------------------------------------- usage history

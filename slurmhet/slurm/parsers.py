@@ -288,6 +288,8 @@ class QueueRecord:
     restarts: int = 0
     #: The reservation the job runs in or asked for ("" for none): Slurm takes such jobs first, on its nodes only.
     reservation: str = ""
+    #: Since when the job may start (its begin time: submit, ``--begin``, or a dependency met); None: not yet.
+    eligible: datetime | None = None
 
     @property
     def root_id(self) -> str:
@@ -453,6 +455,7 @@ def parse_squeue_json(stdout: str) -> list[QueueRecord]:
                 exit_code=_exit_code(job.get("exit_code")),
                 restarts=_num(job.get("restart_cnt")) or 0,
                 reservation=str(job.get("resv_name", "") or ""),
+                eligible=_epoch(job.get("eligible_time")),
             )
         )
     return out

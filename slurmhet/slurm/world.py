@@ -40,7 +40,7 @@ from typing import Collection, Iterable, Mapping, Sequence
 from slurmhet.cluster import Hold, Inventory, Node, OpenWorld, QueuedAhead
 from slurmhet.slurm.client import SlurmClient
 from slurmhet.slurm.limits import (AssocRecord, PartitionRecord, PendingStart, QosRecord, ReservationRecord,
-                                   UsageRecord)
+                                   ReserveRule, UsageRecord, parse_reserve_rule)
 from slurmhet.slurm.parsers import QueueRecord
 from slurmhet.slurm.runner import SlurmCommandError
 
@@ -68,6 +68,8 @@ class SlurmWorld:
     #: False when Slurm keeps no accounting (no associations, QOS or history to read).
     accounting: bool = True
     history: tuple[UsageRecord, ...] = ()
+    #: Which of our blocked jobs Slurm holds nodes for (SchedulerParameters).
+    reserve: ReserveRule = ReserveRule()
 
     @property
     def inventory(self) -> Inventory:
@@ -118,6 +120,7 @@ def read_world(client: SlurmClient, user: str, queue: Sequence[QueueRecord] | No
     partitions = tuple(client.partitions())
     reservations = tuple(client.reservations())
     starts = {s.job_id: s for s in client.pending_starts()}
+    reserve = parse_reserve_rule(client.config())
     try:
         assocs = tuple(client.associations(user))
         qos = tuple(client.qos())
@@ -127,7 +130,7 @@ def read_world(client: SlurmClient, user: str, queue: Sequence[QueueRecord] | No
     except SlurmCommandError:
         assocs, qos, default_account, history, accounting = (), (), "", (), False
     return SlurmWorld(nodes, jobs, partitions, reservations, assocs, qos, starts, default_account, accounting,
-                      history)
+                      history, reserve)
 
 
 def _tres_gpus(tres: Mapping[str, float]) -> int | None:
@@ -237,15 +240,18 @@ def queue_rank(record: QueueRecord, tiers: Mapping[str, int]) -> tuple[float, ..
 
 def served_first(record: QueueRecord, slots: frozenset[tuple[str, str]],
                  queued: Sequence[tuple[QueueRecord, frozenset[tuple[str, str]]]],
-                 tiers: Mapping[str, int]) -> tuple[str, ...]:
+                 tiers: Mapping[str, int], reserve: ReserveRule, now_s: float) -> tuple[str, ...]:
     """The slurmhet ids of our jobs pending in Slurm's queue that Slurm starts before the foreign pending job
-    ``record``, which may run on ``slots``: ranked before it (:func:`queue_rank`) and waiting for every slot it
-    may take. Slurm's main scheduler then keeps the nodes of our job's partition from every job after it, in
-    any partition, and backfill starts the foreign job on them only where it ends before ours starts; with a
-    slot ours cannot use, it could start there first."""
+    ``record``, which may run on ``slots``: ranked before it (:func:`queue_rank`), waiting for every slot it
+    may take, and one Slurm holds nodes for (``reserve``: old enough, high enough priority). Slurm's main
+    scheduler then keeps the nodes of our job's partition from every job after it, in any partition, and
+    backfill starts the foreign job on them only where it ends before ours starts; with a slot ours cannot use,
+    or with ours too young or too low to reserve, it could start there first."""
     ids: list[str] = []
     for ours, mine in queued:
-        if queue_rank(ours, tiers) < queue_rank(record, tiers) and slots <= mine:
+        eligible = ours.eligible.timestamp() if ours.eligible else None
+        if (queue_rank(ours, tiers) < queue_rank(record, tiers) and slots <= mine
+                and reserve.reserves(eligible, ours.priority, now_s)):
             ids += [i for i in tagged_ids(ours.comment) if i]
     return tuple(ids)
 
@@ -320,7 +326,8 @@ def open_world(world: SlurmWorld, store_tag: str, access: Access, now_s: float,
                                           "pending", owner, True))
                         left -= take
                 elif math.isfinite(duration):
-                    ahead.append(QueuedAhead(kinds, count, duration, owner, served_first(record, slots, queued, tiers)))
+                    after = served_first(record, slots, queued, tiers, world.reserve, now_s)
+                    ahead.append(QueuedAhead(kinds, count, duration, owner, after))
     for res in reserved:
         for node in res.nodes:
             for gpu_type, count in (nodes[node].gpus.items() if node in nodes else ()):

@@ -9,7 +9,7 @@ import pytest
 
 from slurmhet.slurm import limits
 from slurmhet.slurm.client import SlurmCli
-from slurmhet.slurm.parsers import SlurmOutputError
+from slurmhet.slurm.parsers import SlurmOutputError, parse_scontrol_config
 from slurmhet.slurm.runner import CommandResult, SlurmCommandError
 from tests.unit.recorded import Recorded
 
@@ -190,6 +190,36 @@ def test_pending_starts_behind_a_foreign_job(rec: Recorded) -> None:
 def test_bad_pending_start_output_names_the_command(text: str) -> None:
     with pytest.raises(SlurmOutputError, match="squeue --start"):
         limits.parse_pending_starts(text)
+
+
+# --------------------------------------------------------------------------- reservations for blocked jobs
+
+
+def test_the_dev_clusters_config_sets_no_reserve_thresholds(rec: Recorded) -> None:
+    config = parse_scontrol_config(rec.read("scontrol_show_config.txt"))
+    assert "bf_interval=1" in config["SchedulerParameters"]
+    assert limits.parse_reserve_rule(config) == limits.ReserveRule(0.0, 0)
+
+
+@pytest.mark.parametrize(("params", "rule"), [
+    ("(null)", limits.ReserveRule(0.0, 0)),
+    ("bf_continue, bf_min_age_reserve=10800,bf_interval=300", limits.ReserveRule(10800.0, 0)),
+    ("bf_min_prio_reserve=2000,bf_min_age_reserve=60", limits.ReserveRule(60.0, 2000)),
+    # slurmctld reads these with atoi and ignores a negative value.
+    ("bf_min_age_reserve=abc,bf_min_prio_reserve=-5", limits.ReserveRule(0.0, 0)),
+])
+def test_reserve_thresholds_from_scheduler_parameters(params: str, rule: limits.ReserveRule) -> None:
+    assert limits.parse_reserve_rule({"SchedulerParameters": params}) == rule
+    assert limits.parse_reserve_rule({}) == limits.ReserveRule()
+
+
+def test_a_blocked_job_reserves_once_eligible_long_enough_and_of_high_enough_priority() -> None:
+    rule = limits.ReserveRule(min_age_s=600, min_priority=100)
+    assert rule.reserves(eligible_s=1_000.0, priority=100, now_s=1_600.0)
+    assert not rule.reserves(eligible_s=1_000.0, priority=100, now_s=1_599.0)
+    assert not rule.reserves(eligible_s=None, priority=100, now_s=1_600.0)
+    assert not rule.reserves(eligible_s=1_000.0, priority=99, now_s=9_999.0)
+    assert limits.ReserveRule().reserves(eligible_s=None, priority=0, now_s=0.0)
 
 
 # --------------------------------------------------------------------------- usage history

@@ -138,6 +138,9 @@ def test_squeue_reads_pending_requests_typed_and_untyped(rec: Recorded) -> None:
     assert behind.start is not None  # Slurm's expected start
     assert waiting.reason == "Dependency" and waiting.gpu_request == ((None, 2),)  # --gpus=2: tres_per_job
     assert waiting.time_limit_s == 300
+    # Eligible since submission; a job waiting on a dependency is not eligible yet (Slurm's begin time 0).
+    assert behind.eligible is not None and behind.submit is not None and behind.eligible >= behind.submit
+    assert waiting.eligible is None
 
 
 def test_squeue_reads_the_reservation_a_job_names(rec: Recorded) -> None:

@@ -10,7 +10,7 @@ import pytest
 
 from slurmhet.cluster import Node
 from slurmhet.slurm.limits import (AssocRecord, PartitionRecord, PendingStart, QosRecord, ReservationRecord,
-                                   UsageRecord)
+                                   ReserveRule, UsageRecord)
 from slurmhet.slurm.parsers import QueueRecord
 from slurmhet.slurm.world import (
     MIN_HISTORY, SlurmWorld, access_of, gpu_use, is_ours, limit_fractions, open_world, tagged_ids,
@@ -46,11 +46,11 @@ def assoc(account: str, user: str, default_qos: str = "normal", partition: str =
 def record(job_id: str, state: str, *, user: str = "alice", comment: str = "", gpus: tuple = (),
            request: tuple = (), start: datetime | None = None, limit_s: float | None = 3600.0,
            reason: str = "None", part: str = "gpu", priority: int = 0, submit: datetime | None = None,
-           reservation: str = "") -> QueueRecord:
+           reservation: str = "", eligible: datetime | None = T0 - timedelta(hours=1)) -> QueueRecord:
     return QueueRecord(job_id=job_id, het_job_id=None, het_offset=None, array_job_id=None, array_task=None,
                        name="x", state=state, reason=reason, comment=comment, user=user, nodes="", start=start,
                        partition=part, time_limit_s=limit_s, gpus=gpus, gpu_request=request, priority=priority,
-                       submit=submit, reservation=reservation)
+                       submit=submit, reservation=reservation, eligible=eligible)
 
 
 def world(queue: tuple = (), **kw: object) -> SlurmWorld:
@@ -178,6 +178,26 @@ def test_our_queued_job_in_a_higher_priority_tier_goes_before_a_foreign_job_of_h
     w = world((ours, anywhere), partitions=parts)
     (ahead,) = open_world(w, TAG, access_of(w, "root", ()), NOW).ahead
     assert ahead.after == () and ahead.gpu_types == ("k80", "t4", "v100")
+
+
+@pytest.mark.parametrize(("rule", "eligible", "goes_after"), [
+    (ReserveRule(), T0 - timedelta(seconds=10), True),
+    # bf_min_age_reserve=600: eligible 10 s ago (or not yet) holds nothing back; 700 s ago it does.
+    (ReserveRule(min_age_s=600), T0 - timedelta(seconds=10), False),
+    (ReserveRule(min_age_s=600), None, False),
+    (ReserveRule(min_age_s=600), T0 - timedelta(seconds=700), True),
+    # bf_min_prio_reserve above our job's priority (5,000): it holds nothing back, however old.
+    (ReserveRule(min_priority=6_000), T0 - timedelta(hours=5), False),
+    (ReserveRule(min_age_s=600, min_priority=5_000), T0 - timedelta(seconds=700), True),
+])
+def test_our_blocked_job_holds_back_later_foreign_jobs_only_when_slurm_reserves_for_it(
+        rule: ReserveRule, eligible: datetime | None, goes_after: bool) -> None:
+    ours = record("20", "PENDING", user="root", comment=f"slurmhet:7@{TAG}", request=(("v100", 4),),
+                  reason="Resources", part="v100", priority=5_000, eligible=eligible)
+    theirs = record("21", "PENDING", request=(("v100", 2),), reason="Priority", part="v100", priority=4_000)
+    w = world((ours, theirs), reserve=rule)
+    (ahead,) = open_world(w, TAG, access_of(w, "root", ()), NOW).ahead
+    assert ahead.after == (("7",) if goes_after else ())
 
 
 def test_a_reservation_holds_its_nodes_for_its_span_unless_it_is_magnetic_and_open_to_the_user() -> None:
