@@ -1,4 +1,5 @@
-"""Pure parsers of what a shared cluster allows: partitions, reservations, associations, QOS, expected starts.
+"""Pure parsers of what a shared cluster allows: partitions, reservations, associations, QOS, expected starts,
+which blocked jobs the scheduler reserves nodes for.
 
 slurmhet shares its cluster with other users, so before planning it reads who may use
 which partition, what is reserved, how many GPUs the caller may hold and when Slurm
@@ -385,7 +386,6 @@ def parse_pending_starts(text: str) -> list[PendingStart]:
             raise SlurmOutputError(f"{START_CMD}: cannot read the start {start_text!r} of job {job_id}") from None
         out.append(PendingStart(job_id, start, _hosts(nodes, START_CMD, f"job {job_id}"), reason))
     return out
-
 
 
 # --------------------------------------------------------------------------- reservations for blocked jobs
