@@ -240,18 +240,15 @@ def queue_rank(record: QueueRecord, tiers: Mapping[str, int]) -> tuple[float, ..
 
 def served_first(record: QueueRecord, slots: frozenset[tuple[str, str]],
                  queued: Sequence[tuple[QueueRecord, frozenset[tuple[str, str]]]],
-                 tiers: Mapping[str, int], reserve: ReserveRule, now_s: float) -> tuple[str, ...]:
-    """The slurmhet ids of our jobs pending in Slurm's queue that Slurm starts before the foreign pending job
-    ``record``, which may run on ``slots``: ranked before it (:func:`queue_rank`), waiting for every slot it
-    may take, and one Slurm holds nodes for (``reserve``: old enough, high enough priority). Slurm's main
-    scheduler then keeps the nodes of our job's partition from every job after it, in any partition, and
-    backfill starts the foreign job on them only where it ends before ours starts; with a slot ours cannot use,
-    or with ours too young or too low to reserve, it could start there first."""
+                 tiers: Mapping[str, int]) -> tuple[str, ...]:
+    """The slurmhet ids of our jobs pending in Slurm's queue (``queued``: those Slurm holds nodes for) that
+    Slurm starts before the foreign pending job ``record``, which may run on ``slots``: ranked before it
+    (:func:`queue_rank`) and waiting for every slot it may take. Slurm's main scheduler then keeps the nodes of
+    our job's partition from every job after it, in any partition, and backfill starts the foreign job on them
+    only where it ends before ours starts; with a slot ours cannot use, it could start there first."""
     ids: list[str] = []
     for ours, mine in queued:
-        eligible = ours.eligible.timestamp() if ours.eligible else None
-        if (queue_rank(ours, tiers) < queue_rank(record, tiers) and slots <= mine
-                and reserve.reserves(eligible, ours.priority, now_s)):
+        if queue_rank(ours, tiers) < queue_rank(record, tiers) and slots <= mine:
             ids += [i for i in tagged_ids(ours.comment) if i]
     return tuple(ids)
 
@@ -290,9 +287,12 @@ def open_world(world: SlurmWorld, store_tag: str, access: Access, now_s: float,
                 for t, c in nodes[n].gpus.items() if c > 0 and (None in wanted or t in wanted))
         return memo[(partition, wanted)]
 
+    # Our blocked jobs that Slurm holds nodes for: one too young or too low to reserve (world.reserve) lets
+    # later jobs pass it.
     queued = [(r, slots_of(r.partition, (t for t, _ in r.gpu_request))) for r in world.queue
               if is_ours(r.comment, store_tag) and r.state == "PENDING" and r.reason in COMPETING_REASONS
-              and r.gpu_request]
+              and r.gpu_request
+              and world.reserve.reserves(r.eligible.timestamp() if r.eligible else None, r.priority, now_s)]
     for record in world.queue:
         if is_ours(record.comment, store_tag):
             continue
@@ -326,8 +326,7 @@ def open_world(world: SlurmWorld, store_tag: str, access: Access, now_s: float,
                                           "pending", owner, True))
                         left -= take
                 elif math.isfinite(duration):
-                    after = served_first(record, slots, queued, tiers, world.reserve, now_s)
-                    ahead.append(QueuedAhead(kinds, count, duration, owner, after))
+                    ahead.append(QueuedAhead(kinds, count, duration, owner, served_first(record, slots, queued, tiers)))
     for res in reserved:
         for node in res.nodes:
             for gpu_type, count in (nodes[node].gpus.items() if node in nodes else ()):
