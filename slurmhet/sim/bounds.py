@@ -95,6 +95,7 @@ class _Instance:
     weight: np.ndarray    # w_j
     u: np.ndarray         # per-GPU isolated rate [job, type]
     own: np.ndarray       # v[j, g]: best own rate per GPU, co-located included
+    paired: np.ndarray    # rho[j, g]: a single-GPU job's best own rate sharing a GPU of type g (0: never shares)
     capacity: np.ndarray  # C_g
     gain: np.ndarray      # e[j, g]
     #: Co-locatable job pairs (a, b, g, r_a, r_b) whose measured rates beat sharing the GPU's time (None: too many).
@@ -135,6 +136,7 @@ def _instance(jobs: Sequence[TraceJob], capacity: Mapping[str, int], rates: Rate
     u = np.array([[rates.type_rate(j.job_type, j.gpus, t) / j.gpus for t in types] for j in jobs]).reshape(len(jobs),
                                                                                                           len(types))
     own = u.copy()
+    paired = np.zeros(u.shape)
     gain = np.ones(u.shape)
     measured = _measured_pairs(jobs, types, rates) if colocates else {}
     best_gain: dict[tuple[str, int], float] = {}
@@ -147,12 +149,13 @@ def _instance(jobs: Sequence[TraceJob], capacity: Mapping[str, int], rates: Rate
         for g in range(len(types)):
             if job.gpus == 1:
                 gain[ji, g] = best_gain.get((job.job_type, g), 1.0)
-                own[ji, g] = max(own[ji, g], best_own.get((job.job_type, g), 0.0))
+                paired[ji, g] = best_own.get((job.job_type, g), 0.0)
+                own[ji, g] = max(own[ji, g], paired[ji, g])
     return _Instance(
         steps=np.array([float(j.total_steps or 0.0) for j in jobs]), gpus=np.array([float(j.gpus) for j in jobs]),
         arrival=np.array([j.arrival for j in jobs], dtype=float),
         weight=np.array([j.weight for j in jobs], dtype=float),
-        u=u, own=own, capacity=np.array([float(capacity[t]) for t in types]), gain=gain,
+        u=u, own=own, paired=paired, capacity=np.array([float(capacity[t]) for t in types]), gain=gain,
         pairs=_pairs(jobs, u, measured) if colocates else ())
 
 
@@ -296,22 +299,28 @@ def _interval_lp(inst: _Instance, alone: np.ndarray, running: np.ndarray, forks:
 
     Time is cut at grid points ``a_0 < a_1 < ...`` (release times, a geometric and a uniform grid reaching
     three times ``horizon``, the makespan bound, past the first arrival; the last interval is unbounded, which
-    is valid, only looser). ``y[j, g, i]`` = GPU-seconds of type ``g`` booked to job ``j`` in interval ``i``
-    as in (E2): its work there over ``q[j, g]`` (:func:`_work`: ``u e`` for a single-GPU job, which may
-    share a GPU, the pair's two bookings summing to at most the shared GPU-seconds; ``u`` for a multi-GPU job,
-    whose GPU-seconds are its own). Every schedule gives such ``y`` with: work ``sum y q = S_j`` (E1-E2); per
-    interval and type at most ``C_g * length`` GPU-seconds; without forking at most ``k_j * length`` per job
-    (E3); per job at most ``S_j / p_j * length`` work, ``p_j`` = ``running``, its alone time without start-up
-    (:func:`_alone_seconds`: no allocation runs it faster, and a co-located job's own rate is at most ``v``,
-    while ``q = u e`` would credit a lone single-GPU job the pair's gain); nothing before the job's
-    release (its release rounded down to a grid point, a relaxation). Its mean busy time ``M_j`` (the
+    is valid, only looser). In interval ``i`` on type ``g`` a job has *alone* columns ``x[j, g, i]``: seconds
+    it holds GPUs of ``g`` by itself (GPU-seconds for a multi-GPU job), each doing at most ``u[j, g]`` work
+    (E1) and taking one GPU-second of capacity; a single-GPU job with a pair gain ``e[j, g] > 1`` also has a
+    *shared* column ``s[j, g, i]``: work it does sharing a GPU of ``g``, which takes at least ``s / rho[j, g]``
+    of its time (``rho``: its best co-located rate there) and is booked ``s / (u e)`` GPU-seconds as in (E2),
+    the pair's two bookings summing to at most the GPU-seconds they share. Every schedule gives such columns
+    with: work ``S_j``; per interval and type at most ``C_g * length`` GPU-seconds booked; without forking, a
+    job's seconds (alone plus shared time; GPU-seconds for a multi-GPU job) at most ``k_j * length`` (E3)
+    and, all of them lying in ``[r_j, C_j]`` after its ``start_s`` of start-up (E4), at most
+    ``k_j (C_j - r_j - start_s)``; per job at most ``S_j / p_j * length`` work, ``p_j`` = ``running``, its
+    alone time without start-up (:func:`_alone_seconds`: no allocation runs it faster); nothing before the
+    job's release (its release rounded down to a grid point, a relaxation). Its mean busy time ``M_j`` (the
     work-weighted mean time of its processing) is at least ``sum_i f_ji a_i``, ``f_ji`` the share of its work
     done in interval ``i``; it runs at most at its alone rate, so its work spans at least ``alone_j`` and
-    ``C_j >= M_j + alone_j / 2``; and ``C_j >= r_j + alone_j``. Minimising
-    ``sum w_j C_j`` under these constraints so bounds every schedule's.
+    ``C_j >= M_j + alone_j / 2``; and ``C_j >= r_j + alone_j``. Minimising ``sum w_j C_j`` under these
+    constraints so bounds every schedule's.
+
+    Separate alone and shared columns keep the LP from running a single-GPU job at its alone rate while
+    booking it only ``1 / e`` of a GPU (one column at ``u e`` per GPU-second allowed that); the time rows
+    keep it from waiting behind no one while its GPU-seconds sit on slow types.
     """
     n, m = inst.u.shape
-    work = _work(inst)
     first, finite = float(inst.arrival.min()), np.isfinite(alone)
     if n == 0 or not finite.all():
         return 0.0
@@ -327,10 +336,14 @@ def _interval_lp(inst: _Instance, alone: np.ndarray, running: np.ndarray, forks:
         uniform = first + np.arange(intervals + 1) * (span / intervals)
         points = np.unique(np.concatenate([np.array(geometric), uniform, releases]))
         start_of = np.searchsorted(points, inst.arrival, side="right") - 1  # release rounded down to a grid point
-        cells = [(j, g, i) for j in range(n) for g in range(m) if work[j, g] > 0
-                 for i in range(start_of[j], len(points))]
-        if len(cells) + n <= MAX_LP_COLUMNS:
-            break
+        for split in (True, False):
+            kinds = _column_kinds(inst, split)
+            cells = [(j, kind, i) for j in range(n) for kind in kinds[j] for i in range(start_of[j], len(points))]
+            if len(cells) + n <= MAX_LP_COLUMNS:
+                break
+        else:
+            continue
+        break
     else:
         return 0.0
     starts = points
@@ -346,36 +359,64 @@ def _interval_lp(inst: _Instance, alone: np.ndarray, running: np.ndarray, forks:
     by_job: dict[int, list[int]] = {}
     by_type_interval: dict[tuple[int, int], list[int]] = {}
     by_job_interval: dict[tuple[int, int], list[int]] = {}
-    for col, (j, g, i) in enumerate(cells):
+    for col, (j, (g, _, _, _), i) in enumerate(cells):
         by_job.setdefault(j, []).append(col)
         if np.isfinite(lengths[i]):
             by_type_interval.setdefault((g, i), []).append(col)
             by_job_interval.setdefault((j, i), []).append(col)
+    work = np.array([kind[1] for _, kind, _ in cells])
+    booked = np.array([kind[2] for _, kind, _ in cells])
+    busy = np.array([kind[3] for _, kind, _ in cells])
+    start_up = alone - running
     for j in range(n):
-        cols = by_job[j]
-        model.addRow(float(inst.steps[j]), inf, len(cols), np.array(cols, dtype=np.int32),
-                     np.array([work[j, cells[c][1]] for c in cols]))
-        # C_j - sum_i a_i * (work share in i) >= alone_j / 2, the share being y * work / S_j.
+        cols = np.array(by_job[j], dtype=np.int32)
+        model.addRow(float(inst.steps[j]), inf, len(cols), cols, work[cols])
+        # C_j - sum_i a_i * (work share in i) >= alone_j / 2, the share being the column's work / S_j.
         scale = 1.0 / max(float(inst.steps[j]), 1e-12)
+        at = np.array([starts[cells[c][2]] for c in cols])
         model.addRow(float(alone[j] / 2), inf, len(cols) + 1, np.array([n_y + j, *cols], dtype=np.int32),
-                     np.array([1.0, *(-starts[cells[c][2]] * work[j, cells[c][1]] * scale for c in cols)]))
+                     np.array([1.0, *(-at * work[cols] * scale)]))
         model.changeColBounds(n_y + j, float(inst.arrival[j] + alone[j]), inf)
+        if not forks:  # k_j (C_j - r_j - start_s) >= the job's seconds
+            model.addRow(float(inst.arrival[j] + start_up[j]), inf, len(cols) + 1,
+                         np.array([n_y + j, *cols], dtype=np.int32),
+                         np.array([1.0, *(-busy[cols] / inst.gpus[j])]))
     for (g, i), cols in by_type_interval.items():
-        model.addRow(0.0, float(inst.capacity[g] * lengths[i]), len(cols), np.array(cols, dtype=np.int32),
-                     np.ones(len(cols)))
-    if not forks:
-        for (j, i), cols in by_job_interval.items():
-            model.addRow(0.0, float(inst.gpus[j] * lengths[i]), len(cols), np.array(cols, dtype=np.int32),
-                         np.ones(len(cols)))
+        idx = np.array(cols, dtype=np.int32)
+        model.addRow(0.0, float(inst.capacity[g] * lengths[i]), len(idx), idx, booked[idx])
     peak = inst.steps / running  # S_j / p_j: no job's work goes faster (E1-E3)
     for (j, i), cols in by_job_interval.items():
-        model.addRow(0.0, float(peak[j] * lengths[i]), len(cols), np.array(cols, dtype=np.int32),
-                     np.array([work[j, cells[c][1]] for c in cols]))
+        idx = np.array(cols, dtype=np.int32)
+        if not forks:
+            model.addRow(0.0, float(inst.gpus[j] * lengths[i]), len(idx), idx, busy[idx])
+        model.addRow(0.0, float(peak[j] * lengths[i]), len(idx), idx, work[idx])
     model.run()
     if model.getModelStatus() != highspy.HighsModelStatus.kOptimal:
         return 0.0
     completions = np.array(model.getSolution().col_value[n_y:])
     return float((weight * (completions - inst.arrival)).sum())
+
+
+def _column_kinds(inst: _Instance, split: bool) -> list[list[tuple[int, float, float, float]]]:
+    """Per job, its interval LP columns per interval: (type, work, booked GPU-seconds, job seconds) per unit.
+
+    ``split``: a single-GPU job that may share a GPU gets an alone column (``u`` work per GPU-second) and a
+    shared one (work at ``rho``, booked ``1 / (u e)``); otherwise one column books its GPU-seconds at
+    ``q = u e`` work each, as the makespan LP does by the gains (valid, looser, half the columns), which
+    the interval LP falls back to before coarsening its grid.
+    """
+    n, m = inst.u.shape
+    kinds: list[list[tuple[int, float, float, float]]] = [[] for _ in range(n)]
+    for j in range(n):
+        for g in range(m):
+            u, gain, paired = float(inst.u[j, g]), float(inst.gain[j, g]), float(inst.paired[j, g])
+            if u <= 0:
+                continue
+            if gain > 1 and paired > 0 and split:
+                kinds[j] += [(g, u, 1.0, 1.0), (g, 1.0, 1.0 / (u * gain), 1.0 / paired)]
+            else:
+                kinds[j].append((g, u * gain, 1.0, 1.0))
+    return kinds
 
 
 def _srpt_completions(release: np.ndarray, size: np.ndarray) -> np.ndarray:

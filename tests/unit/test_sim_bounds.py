@@ -189,3 +189,89 @@ def test_no_job_works_faster_than_alone_in_the_interval_lp() -> None:
     bound = instance_bounds(jobs, {"v100": 2}, shared, colocates=True)
     assert 500.0 < bound.weighted_jct <= 548.0 + 1e-6
     assert bound.weighted_jct <= _brute_force(jobs, {"v100": 2}, shared)[2] + 1e-6
+
+
+def test_a_shared_gpu_runs_each_job_at_its_shared_rate() -> None:
+    """x and y run at 1 step/s alone and at 0.8 each sharing the V100, 80 steps each, both at 0: sharing ends
+    both at 100, the best any schedule does (one after the other: 80 and 160). The LP that booked a single-GPU
+    job's GPU-seconds at 1.6 steps each let x run at 1 step/s on 1 / 1.6 of the GPU beside y (avg JCT 89.4);
+    with alone columns (the whole GPU) apart from shared ones (0.8 steps/s) the bound is above 92."""
+    from slurmhet.sim.contention import ContentionModel
+    from slurmhet.sim.rates import RateModel
+
+    table = {"x": {"v100": 1.0}, "y": {"v100": 1.0}}
+    shared = RateModel(PairRates(table), ContentionModel(1.0, xi2=0.0), {t: 0.0 for t in table})
+    jobs = [TraceJob(0, "x", 1, 0.0, 80.0), TraceJob(1, "y", 1, 0.0, 80.0)]
+    bound = instance_bounds(jobs, {"v100": 1}, shared, colocates=True)
+    report = run_policies(jobs, Inventory((Node("n", {"v100": 1}),)), shared,
+                          {"slurmhet": TIME_POLICIES["slurmhet"](seed=0)}, SimConfig(restart_s=0.0))
+    assert report.metrics["slurmhet"].avg_jct == pytest.approx(100.0, rel=1e-6)  # it shares the V100
+    assert 92.0 < bound.avg_jct <= 100.0 + 1e-6
+
+
+def test_a_gang_on_slow_gpus_is_timed_by_the_gpu_seconds_it_holds() -> None:
+    """Two 2-GPU x gangs of 200 steps at 0 on 2 V100s (2 steps/s per GPU) and 2 K80s (1). The best preemptive
+    schedule runs A on the V100s (ends at 50) and B on the K80s until then (100 steps), then on the V100s
+    (25 s more): JCTs 50 and 75. A job's work-weighted mean time plus half its fastest run time allowed an
+    avg JCT of 57.9; B's GPU-seconds, two at a time after its release, lift the bound above 60."""
+    rates = tiny({"x": {"v100": 2.0, "k80": 1.0}})
+    jobs = [TraceJob(0, "x", 2, 0.0, 200.0), TraceJob(1, "x", 2, 0.0, 200.0)]
+    bound = instance_bounds(jobs, {"v100": 2, "k80": 2}, rates)
+    assert 60.0 < bound.avg_jct <= (50.0 + 75.0) / 2 + 1e-6
+    assert bound.avg_jct <= _brute_force(jobs, {"v100": 2, "k80": 2}, rates)[1] + 1e-6  # (50 + 100) / 2
+
+
+def test_a_first_start_holds_gpus_without_progress() -> None:
+    """With 10 s of start-up the same two gangs end no earlier than 60 and 85 (avg 72.5); the GPU-seconds a job
+    works fit in its time after its start-up, which lifts the bound from 62.9 to above 67."""
+    rates = tiny({"x": {"v100": 2.0, "k80": 1.0}})
+    jobs = [TraceJob(0, "x", 2, 0.0, 200.0), TraceJob(1, "x", 2, 0.0, 200.0)]
+    bound = instance_bounds(jobs, {"v100": 2, "k80": 2}, rates, start_s=10.0)
+    assert 67.0 < bound.avg_jct <= (60.0 + 85.0) / 2 + 1e-6
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_colocation_bound_is_never_above_any_policy(seed: int) -> None:
+    """Single-GPU x and y may share a V100 (0.8 steps/s each); every policy's schedule, the co-locating ones
+    included, and every list schedule stay at or above the bound."""
+    from slurmhet.sim.contention import ContentionModel
+    from slurmhet.sim.rates import RateModel
+
+    rng = random.Random(100 + seed)
+    table = {"x": {"v100": 1.0, "k80": 0.5}, "y": {"v100": 1.0, "k80": 0.25}}
+    shared = RateModel(PairRates(table), ContentionModel(1.0, xi2=0.0), {t: 0.0 for t in table})
+    capacity = {"v100": 2, "k80": rng.randint(2, 3)}
+    jobs = [TraceJob(i, rng.choice("xy"), rng.choice((1, 1, 1, 2)), float(rng.choice((0, 0, 20, 60))),
+                     float(rng.randint(40, 200)), weight=float(rng.randint(1, 3))) for i in range(rng.randint(3, 5))]
+    bound = instance_bounds(jobs, capacity, shared, start_s=5.0, colocates=True)
+    inventory = Inventory(tuple(Node(f"n-{t}", {t: c}) for t, c in capacity.items()))
+    policies = {name: factory(seed=0, round_s=60.0) for name, factory in TIME_POLICIES.items()
+                if not factory(seed=0, round_s=60.0).forks}
+    try:
+        report = run_policies(jobs, inventory, shared, policies, SimConfig(round_s=60.0, restart_s=5.0, start_s=5.0))
+    except Exception as exc:  # a policy that cannot place a job on this cluster (one type too small) is not run
+        pytest.skip(f"not every policy runs this instance: {exc}")
+    tol = 1e-6
+    for name, m in report.metrics.items():
+        assert m.makespan >= bound.makespan - tol, name
+        assert m.avg_jct >= bound.avg_jct - tol, name
+        assert m.weighted_jct >= bound.weighted_jct - tol, name
+
+
+def test_the_interval_lp_splits_a_sharing_jobs_columns_unless_too_many() -> None:
+    """A single-GPU job that may share a GPU gets an alone column (its isolated rate per GPU-second, the whole
+    GPU) and a shared one (work at its shared rate, booked 1 / gain of a GPU); with too many columns the LP
+    books its GPU-seconds at rate x gain instead (looser, half the columns) before it coarsens its grid. A
+    multi-GPU job, which never shares, has one column either way."""
+    from slurmhet.sim import bounds
+    from slurmhet.sim.contention import ContentionModel
+    from slurmhet.sim.rates import RateModel
+
+    table = {"x": {"v100": 1.0}, "y": {"v100": 1.0}}
+    shared = RateModel(PairRates(table), ContentionModel(1.0, xi2=0.0), {t: 0.0 for t in table})
+    jobs = [TraceJob(0, "x", 1, 0.0, 80.0), TraceJob(1, "y", 1, 0.0, 80.0), TraceJob(2, "x", 2, 0.0, 80.0)]
+    inst = bounds._instance(jobs, {"v100": 2}, shared, True)
+    split, merged = bounds._column_kinds(inst, True), bounds._column_kinds(inst, False)
+    assert split[0] == [(0, 1.0, 1.0, 1.0), (0, 1.0, pytest.approx(1 / 1.6), pytest.approx(1 / 0.8))]
+    assert merged[0] == [(0, pytest.approx(1.6), 1.0, 1.0)]
+    assert split[2] == merged[2] == [(0, 1.0, 1.0, 1.0)]
