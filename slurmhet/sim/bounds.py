@@ -403,7 +403,8 @@ def _column_kinds(inst: _Instance, split: bool) -> list[list[tuple[int, float, f
     ``split``: a single-GPU job that may share a GPU gets an alone column (``u`` work per GPU-second) and a
     shared one (work at ``rho``, booked ``1 / (u e)``); otherwise one column books its GPU-seconds at
     ``q = u e`` work each, as the makespan LP does by the gains (valid, looser, half the columns), which
-    the interval LP falls back to before coarsening its grid.
+    the interval LP falls back to before coarsening its grid; a job's booked GPU-seconds never exceed the
+    seconds it holds a GPU (E2), so its time rows hold for that column too.
     """
     n, m = inst.u.shape
     kinds: list[list[tuple[int, float, float, float]]] = [[] for _ in range(n)]
