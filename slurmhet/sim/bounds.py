@@ -43,6 +43,7 @@ holds alone at most ``u / max q <= 1``, ``q = u`` for a multi-GPU job).
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections import Counter
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -332,20 +333,16 @@ def _interval_lp(inst: _Instance, alone: np.ndarray, running: np.ndarray, forks:
     while t < first + 3 * span:
         geometric.append(t)
         t = first + (t - first) * GRID_RATIO
-    for intervals in (GRID_INTERVALS, GRID_INTERVALS // 2, GRID_INTERVALS // 4):
+    layouts = (_column_kinds(inst, True), _column_kinds(inst, False))  # split first, on each grid
+    for intervals, kinds in itertools.product((GRID_INTERVALS, GRID_INTERVALS // 2, GRID_INTERVALS // 4), layouts):
         uniform = first + np.arange(intervals + 1) * (span / intervals)
         points = np.unique(np.concatenate([np.array(geometric), uniform, releases]))
         start_of = np.searchsorted(points, inst.arrival, side="right") - 1  # release rounded down to a grid point
-        for split in (True, False):
-            kinds = _column_kinds(inst, split)
-            cells = [(j, kind, i) for j in range(n) for kind in kinds[j] for i in range(start_of[j], len(points))]
-            if len(cells) + n <= MAX_LP_COLUMNS:
-                break
-        else:
-            continue
-        break
+        if sum(len(kinds[j]) * (len(points) - start_of[j]) for j in range(n)) + n <= MAX_LP_COLUMNS:
+            break
     else:
         return 0.0
+    cells = [(j, kind, i) for j in range(n) for kind in kinds[j] for i in range(start_of[j], len(points))]
     starts = points
     lengths = np.append(np.diff(points), np.inf)
     model = highs()
@@ -367,15 +364,15 @@ def _interval_lp(inst: _Instance, alone: np.ndarray, running: np.ndarray, forks:
     work = np.array([kind[1] for _, kind, _ in cells])
     booked = np.array([kind[2] for _, kind, _ in cells])
     busy = np.array([kind[3] for _, kind, _ in cells])
+    interval = np.array([i for _, _, i in cells])
     start_up = alone - running
     for j in range(n):
         cols = np.array(by_job[j], dtype=np.int32)
         model.addRow(float(inst.steps[j]), inf, len(cols), cols, work[cols])
         # C_j - sum_i a_i * (work share in i) >= alone_j / 2, the share being the column's work / S_j.
         scale = 1.0 / max(float(inst.steps[j]), 1e-12)
-        at = np.array([starts[cells[c][2]] for c in cols])
         model.addRow(float(alone[j] / 2), inf, len(cols) + 1, np.array([n_y + j, *cols], dtype=np.int32),
-                     np.array([1.0, *(-at * work[cols] * scale)]))
+                     np.array([1.0, *(-starts[interval[cols]] * work[cols] * scale)]))
         model.changeColBounds(n_y + j, float(inst.arrival[j] + alone[j]), inf)
         if not forks:  # k_j (C_j - r_j - start_s) >= the job's seconds
             model.addRow(float(inst.arrival[j] + start_up[j]), inf, len(cols) + 1,
