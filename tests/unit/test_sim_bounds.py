@@ -32,9 +32,11 @@ def test_identical_jobs_on_one_gpu_are_exact_srpt() -> None:
     assert bound.avg_jct == pytest.approx((10 + 30 + 60) / 3)
 
 
-def _brute_force(jobs: list[TraceJob], capacity: dict[str, int], rates) -> tuple[float, float, float]:
+def _brute_force(jobs: list[TraceJob], capacity: dict[str, int], rates,
+                 start_s: float = 0.0) -> tuple[float, float, float]:
     """Best makespan, avg JCT and weighted JCT over every non-preemptive list schedule: each order of the jobs
-    and each choice of one type per job, each job started as soon as its GPUs of that type are free."""
+    and each choice of one type per job, each job started as soon as its GPUs of that type are free and
+    holding them ``start_s`` before it progresses."""
     best = [float("inf")] * 3
     types = sorted(capacity)
     for order in itertools.permutations(jobs):
@@ -48,7 +50,7 @@ def _brute_force(jobs: list[TraceJob], capacity: dict[str, int], rates) -> tuple
                     break
                 slots = sorted(free[t])
                 start = max(job.arrival, slots[job.gpus - 1])
-                end = start + job.total_steps / rate
+                end = start + start_s + job.total_steps / rate
                 free[t] = [end] * job.gpus + slots[job.gpus:]
                 ends[job.job_id] = end
             if not ok:
@@ -68,14 +70,20 @@ def test_never_above_the_best_list_schedule_nor_any_policy(seed: int) -> None:
     jobs = [TraceJob(i, rng.choice("xy"), rng.choice((1, 1, 2)), float(rng.choice((0, 0, 30, 90))),
                      float(rng.randint(50, 400)), weight=float(rng.randint(1, 3))) for i in range(rng.randint(2, 4))]
     bound = instance_bounds(jobs, capacity, rates)
-    makespan, avg_jct, weighted = _brute_force(jobs, capacity, rates)
+    _assert_never_above(bound, jobs, capacity, rates, SimConfig(round_s=60.0, restart_s=5.0))
+
+
+def _assert_never_above(bound, jobs: list[TraceJob], capacity: dict[str, int], rates, config: SimConfig) -> None:
+    """``bound`` is at or below the best list schedule (:func:`_brute_force`) and every non-forking policy's
+    run under ``config`` on every metric; skips an instance not every policy can place."""
+    makespan, avg_jct, weighted = _brute_force(jobs, capacity, rates, config.start_s)
     tol = 1e-6
     assert bound.makespan <= makespan + tol and bound.avg_jct <= avg_jct + tol and bound.weighted_jct <= weighted + tol
     inventory = Inventory(tuple(Node(f"n-{t}", {t: c}) for t, c in capacity.items()))
-    policies = {name: factory(seed=0, round_s=60.0) for name, factory in TIME_POLICIES.items()
-                if not factory(seed=0, round_s=60.0).forks}
+    policies = {name: factory(seed=0, round_s=config.round_s) for name, factory in TIME_POLICIES.items()
+                if not factory(seed=0, round_s=config.round_s).forks}
     try:
-        report = run_policies(jobs, inventory, rates, policies, SimConfig(round_s=60.0, restart_s=5.0))
+        report = run_policies(jobs, inventory, rates, policies, config)
     except Exception as exc:  # a policy that cannot place a job on this cluster (one type too small) is not run
         pytest.skip(f"not every policy runs this instance: {exc}")
     for name, m in report.metrics.items():
@@ -244,18 +252,7 @@ def test_colocation_bound_is_never_above_any_policy(seed: int) -> None:
     jobs = [TraceJob(i, rng.choice("xy"), rng.choice((1, 1, 1, 2)), float(rng.choice((0, 0, 20, 60))),
                      float(rng.randint(40, 200)), weight=float(rng.randint(1, 3))) for i in range(rng.randint(3, 5))]
     bound = instance_bounds(jobs, capacity, shared, start_s=5.0, colocates=True)
-    inventory = Inventory(tuple(Node(f"n-{t}", {t: c}) for t, c in capacity.items()))
-    policies = {name: factory(seed=0, round_s=60.0) for name, factory in TIME_POLICIES.items()
-                if not factory(seed=0, round_s=60.0).forks}
-    try:
-        report = run_policies(jobs, inventory, shared, policies, SimConfig(round_s=60.0, restart_s=5.0, start_s=5.0))
-    except Exception as exc:  # a policy that cannot place a job on this cluster (one type too small) is not run
-        pytest.skip(f"not every policy runs this instance: {exc}")
-    tol = 1e-6
-    for name, m in report.metrics.items():
-        assert m.makespan >= bound.makespan - tol, name
-        assert m.avg_jct >= bound.avg_jct - tol, name
-        assert m.weighted_jct >= bound.weighted_jct - tol, name
+    _assert_never_above(bound, jobs, capacity, shared, SimConfig(round_s=60.0, restart_s=5.0, start_s=5.0))
 
 
 def test_the_interval_lp_splits_a_sharing_jobs_columns_unless_too_many() -> None:
