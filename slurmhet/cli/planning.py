@@ -48,7 +48,7 @@ def cluster(obj: Context, as_json: bool) -> None:
     world = read_world(obj.client, user)
     inventory = world.inventory
     access = access_of(world, user, user_groups(user))
-    use = gpu_use(world, obj.db.instance, datetime.now(timezone.utc).timestamp())
+    use = gpu_use(world, obj.db.instance, access, datetime.now(timezone.utc).timestamp())
     others = by_type(gpus_held(world, obj.db.instance)["others"])
     limits = {"accounting": world.accounting, "user": user, "account": access.account, "qos": access.qos,
               "gpu_cap": access.gpu_cap, "gpu_cap_source": access.cap_source, "job_gpu_cap": access.job_gpu_cap,

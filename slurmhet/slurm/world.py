@@ -371,20 +371,21 @@ def by_type(held: Counter[tuple[str, str]]) -> dict[str, int]:
     return dict(out)
 
 
-def gpu_use(world: SlurmWorld, store_tag: str, now_s: float) -> list[TypeUse]:
+def gpu_use(world: SlurmWorld, store_tag: str, access: Access, now_s: float) -> list[TypeUse]:
     """Per partition and GPU type: total / held by this store's jobs / held by others / reserved now / free.
 
-    A GPU counts under every partition that holds its node (partitions overlap on real sites).
+    A GPU counts under every partition that holds its node (partitions overlap on real sites). Reserved
+    are the idle GPUs of the nodes of the reservations ``access.user`` may not use now, by the planner's
+    rule (:func:`held_reservations`), each node once however many reservations cover it.
     """
     nodes = {n.name: n for n in world.nodes if n.available}
     held = {**gpus_held(world, store_tag), "reserved": Counter()}
     now = datetime.fromtimestamp(now_s, timezone.utc)
-    for res in world.reservations:
-        if res.start <= now < res.end:
-            for node in res.nodes:
-                for gpu_type, count in (nodes[node].gpus.items() if node in nodes else ()):
-                    free = count - held["slurmhet"][(node, gpu_type)] - held["others"][(node, gpu_type)]
-                    held["reserved"][(node, gpu_type)] += max(0, free)
+    walled = {node for res in held_reservations(world, access, now_s) if res.start <= now for node in res.nodes}
+    for node in sorted(walled & nodes.keys()):
+        for gpu_type, count in nodes[node].gpus.items():
+            free = count - held["slurmhet"][(node, gpu_type)] - held["others"][(node, gpu_type)]
+            held["reserved"][(node, gpu_type)] = max(0, free)
     out = []
     for part in world.partitions:
         totals: Counter[str] = Counter()

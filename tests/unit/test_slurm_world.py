@@ -231,11 +231,31 @@ def test_gpu_use_counts_ours_others_reserved_and_free_per_partition_and_type() -
     w = world((record("7", "RUNNING", gpus=(("nodea", "v100", 3),), start=T0),
                record("8", "RUNNING", comment=f"slurmhet:3@{TAG}", gpus=(("nodea", "v100", 1),), start=T0)),
               reservations=(res,))
-    use = {(u.partition, u.gpu_type): u for u in gpu_use(w, TAG, NOW)}
+    use = {(u.partition, u.gpu_type): u for u in gpu_use(w, TAG, access_of(w, "root", ()), NOW)}
     v100 = use[("v100", "v100")]
     assert (v100.total, v100.slurmhet, v100.others, v100.reserved, v100.free) == (4, 1, 3, 0, 0)
     assert use[("gpu", "k80")].reserved == 2 and use[("gpu", "k80")].free == 0
     assert use[("gpu", "t4")].free == 4
+
+
+def test_gpu_use_reserves_what_the_planner_may_not_use_each_node_once() -> None:
+    """``slurmhet cluster`` shows the reservations as the planner reads them (:func:`held_reservations`)."""
+    maint = ReservationRecord(name="maint", nodes=("nodeb",), start=T0 - timedelta(minutes=1),
+                              end=T0 + timedelta(hours=1), users=("alice",), accounts=(), flags=(), state="ACTIVE")
+    magnetic = replace(maint, name="open", flags=("MAGNETIC",))
+    busy = record("7", "RUNNING", gpus=(("nodeb", "t4", 1),), start=T0)
+
+    def reserved(*reservations: ReservationRecord, user: str = "alice") -> int:
+        w = world((busy,), reservations=reservations)
+        (t4,) = [u for u in gpu_use(w, TAG, access_of(w, user, ()), NOW) if u.partition == "t4"]
+        assert t4.total == t4.others + t4.reserved + t4.free
+        return t4.reserved
+
+    assert reserved(maint) == 3  # the idle GPUs of its node, for alice too: her jobs do not name it
+    assert reserved(magnetic) == 0  # Slurm starts alice's jobs in it unasked
+    assert reserved(magnetic, user="root") == 3  # not open to root
+    assert reserved(maint, replace(maint, name="maint2")) == 3  # two reservations on one node: its GPUs once
+    assert reserved(replace(maint, start=T0 + timedelta(minutes=5))) == 0  # not begun
 
 
 def test_a_foreign_job_without_a_time_limit_holds_with_no_known_end() -> None:
