@@ -29,8 +29,10 @@ START_CMD = "squeue --start"
 USAGE_CMD = "sacct --allusers -X"
 
 #: ``format=`` of the sacctmgr queries, in the column order the parsers expect.
-ASSOC_FIELDS = ("Account", "User", "Partition", "QOS", "DefaultQOS", "MaxTRES", "GrpTRES", "MaxJobs", "MaxWall")
-QOS_FIELDS = ("Name", "Priority", "MaxTRESPU", "MaxTRES", "GrpTRES", "MaxJobsPU", "MaxWall")
+ASSOC_FIELDS = ("Account", "User", "Partition", "QOS", "DefaultQOS", "MaxTRES", "GrpTRES", "MaxJobs", "MaxWall",
+                "MinPrioThreshold")
+QOS_FIELDS = ("Name", "Priority", "MaxTRESPU", "MaxTRES", "GrpTRES", "MaxJobsPU", "MaxWall", "MinPrioThreshold",
+              "Flags")
 USER_FIELDS = ("User", "DefaultAccount")
 #: ``--format=`` of ``squeue --start``: job id, expected start, scheduled nodes, reason.
 START_FORMAT = "%A|%S|%Y|%r"
@@ -139,6 +141,8 @@ class PartitionRecord:
     deny_qos: tuple[str, ...]
     priority_tier: int
     root_only: bool
+    #: The partition's QOS (``QoS=``), whose limits apply to every job in it; None for ``N/A``.
+    qos: str | None = None
 
     def usable_by(self, user: str, account: str, qos: str, groups: Collection[str]) -> str | None:
         """None when this user/account/qos may submit here, else the reason in words.
@@ -195,6 +199,7 @@ def parse_partitions(text: str) -> list[PartitionRecord]:
             deny_qos=_names(rec.get("DenyQos", "")),
             priority_tier=tier if tier is not None else 1,
             root_only=_yes_no(rec, "RootOnly", name),
+            qos=None if rec.get("QoS", "N/A").strip() in ("N/A", "") else rec["QoS"].strip(),
         ))
     return out
 
@@ -292,6 +297,8 @@ class AssocRecord:
     grp_tres: Mapping[str, float]
     max_jobs: int | None
     max_wall_s: float | None
+    #: MinPrioThreshold (inherited from the parent accounts as sacctmgr shows it); None when unset.
+    min_prio_threshold: int | None = None
 
 
 def parse_assocs(text: str) -> list[AssocRecord]:
@@ -309,6 +316,7 @@ def parse_assocs(text: str) -> list[AssocRecord]:
             grp_tres=_tres(row["GrpTRES"], ASSOC_CMD, "GrpTRES", where),
             max_jobs=_optional_int(row["MaxJobs"], ASSOC_CMD, "MaxJobs", where),
             max_wall_s=parse_time_limit(row["MaxWall"], ASSOC_CMD, "MaxWall", where),
+            min_prio_threshold=_optional_int(row["MinPrioThreshold"], ASSOC_CMD, "MinPrioThreshold", where),
         ))
     return out
 
@@ -324,6 +332,9 @@ class QosRecord:
     grp_tres: Mapping[str, float]
     max_jobs_per_user: int | None
     max_wall_s: float | None
+    #: MinPrioThreshold: a blocked job of lower priority holds no nodes for itself (see :class:`ReserveRule`).
+    min_prio_threshold: int | None = None
+    flags: tuple[str, ...] = ()
 
     def gpu_cap(self) -> int | None:
         """Most GPUs one user may hold at once under this QOS (MaxTRESPerUser gres/gpu), None if unlimited."""
@@ -345,6 +356,8 @@ def parse_qos(text: str) -> list[QosRecord]:
             grp_tres=_tres(row["GrpTRES"], QOS_CMD, "GrpTRES", where),
             max_jobs_per_user=_optional_int(row["MaxJobsPU"], QOS_CMD, "MaxJobsPU", where),
             max_wall_s=parse_time_limit(row["MaxWall"], QOS_CMD, "MaxWall", where),
+            min_prio_threshold=_optional_int(row["MinPrioThreshold"], QOS_CMD, "MinPrioThreshold", where),
+            flags=_names(row["Flags"]),
         ))
     return out
 
@@ -396,16 +409,22 @@ class ReserveRule:
     """Which blocked pending jobs Slurm holds nodes for (``SchedulerParameters`` bf_min_age_reserve and
     bf_min_prio_reserve). When the job first in line cannot start, slurmctld's main scheduler keeps its
     partition's nodes from every later job and backfill books them for it, unless it has been eligible for less
-    than ``min_age_s`` (or not at all) or its priority is below ``min_priority``: then later jobs pass it."""
+    than ``min_age_s`` (or not at all) or its priority is below its threshold: then later jobs pass it. The
+    threshold is the MinPrioThreshold of the job's QOS or association where Slurm enforces limits
+    (``AccountingStorageEnforce`` with ``limits``; slurmctld's ``acct_policy_get_prio_thresh``), else
+    ``min_priority``."""
 
     min_age_s: float = 0.0
     min_priority: int = 0
+    enforce_limits: bool = False
 
-    def reserves(self, eligible_s: float | None, priority: int, now_s: float) -> bool:
-        """Whether a blocked job eligible since ``eligible_s`` (None: not yet) holds back the jobs after it."""
+    def reserves(self, eligible_s: float | None, priority: int, now_s: float, threshold: int | None = None) -> bool:
+        """Whether a blocked job eligible since ``eligible_s`` (None: not yet) holds back the jobs after it;
+        ``threshold``: its QOS's or association's MinPrioThreshold (:func:`prio_threshold`)."""
         if self.min_age_s > 0 and (eligible_s is None or now_s - eligible_s < self.min_age_s):
             return False
-        return not (self.min_priority > 0 and priority < self.min_priority)
+        least = (threshold if self.enforce_limits else None) or self.min_priority
+        return not (least > 0 and priority < least)
 
 
 def _leading_int(text: str) -> int:
@@ -418,8 +437,23 @@ def parse_reserve_rule(config: Mapping[str, str]) -> ReserveRule:
     """``scontrol show config``'s SchedulerParameters -> :class:`ReserveRule` (the defaults when unset)."""
     options = dict(part.strip().partition("=")[::2] for part in config.get("SchedulerParameters", "").split(",")
                    if part.strip() and part.strip() != "(null)")
+    enforce = {word.strip().lower() for word in config.get("AccountingStorageEnforce", "").split(",")}
     return ReserveRule(float(_leading_int(options.get("bf_min_age_reserve", "0"))),
-                       _leading_int(options.get("bf_min_prio_reserve", "0")))
+                       _leading_int(options.get("bf_min_prio_reserve", "0")),
+                       bool(enforce & {"limits", "safe", "all"}))
+
+
+def prio_threshold(qos: Mapping[str, QosRecord], job_qos: str, partition_qos: str | None,
+                   association: AssocRecord | None) -> int | None:
+    """The MinPrioThreshold slurmctld applies to a job (``acct_policy_get_prio_thresh``): the first one set of
+    the partition's QOS and the job's QOS (the job's first when it has the OverPartQOS flag), then of its
+    association; None when none is set (``bf_min_prio_reserve`` applies)."""
+    own, part = qos.get(job_qos), qos.get(partition_qos) if partition_qos else None
+    order = [own, part] if own is not None and "OverPartQOS" in own.flags else [part, own]
+    for record in order:
+        if record is not None and record.min_prio_threshold:
+            return record.min_prio_threshold
+    return association.min_prio_threshold if association is not None and association.min_prio_threshold else None
 
 
 # --------------------------------------------------------------------------- usage history

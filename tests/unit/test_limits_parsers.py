@@ -22,6 +22,7 @@ def test_partitions_of_the_dev_cluster_and_a_private_one(rec: Recorded) -> None:
     gpu = parts["gpu"]
     assert gpu.nodes == ("nodea", "nodeb", "nodec") and gpu.default and gpu.state == "UP"
     assert gpu.max_time_s is None and gpu.allow_accounts is None and gpu.allow_qos is None
+    assert all(p.qos is None for p in parts.values())  # QoS=N/A: no partition QOS on the dev cluster
     assert gpu.usable_by("root", "slurmhet", "normal", ()) is None
     private = parts["fx-private"]
     assert private.nodes == ("nodec",) and not private.default and private.priority_tier == 2
@@ -44,6 +45,9 @@ def test_partition_groups_qos_and_root_only_rules() -> None:
     assert "AllowQos=high" in (part.usable_by("bob", "a", "normal", ("ml",)) or "")
     (root_only,) = limits.parse_partitions(line.replace("RootOnly=NO", "RootOnly=YES"))
     assert "RootOnly" in (root_only.usable_by("bob", "a", "high", ("ml",)) or "")
+    assert part.qos is None
+    (with_qos,) = limits.parse_partitions(line + " QoS=part-limits")
+    assert with_qos.qos == "part-limits"
 
 
 @pytest.mark.parametrize(("text", "seconds"), [
@@ -116,10 +120,12 @@ def test_associations_of_root_and_the_capped_user(rec: Recorded) -> None:
     capped = by_key[("capped", "slurmhet-capped")]
     assert capped.qos == ("gpu2",) and capped.default_qos == "gpu2" and capped.partition == ""
     assert capped.max_tres == {} and capped.grp_tres == {} and capped.max_jobs is None and capped.max_wall_s is None
+    # record.sh sets MinPrioThreshold=500 on slurmhet-capped while it records; root's rows have none.
+    assert capped.min_prio_threshold == 500 and by_key[("root", "root")].min_prio_threshold is None
 
 
 def test_association_limits_when_set() -> None:
-    (a,) = limits.parse_assocs("ml|bob|v100|normal,high|normal|gres/gpu=4,cpu=8|gres/gpu=16|10|1-00:00:00\n")
+    (a,) = limits.parse_assocs("ml|bob|v100|normal,high|normal|gres/gpu=4,cpu=8|gres/gpu=16|10|1-00:00:00|\n")
     assert a.partition == "v100" and a.qos == ("normal", "high")
     assert a.max_tres == {"gres/gpu": 4, "cpu": 8} and a.grp_tres == {"gres/gpu": 16}
     assert a.max_jobs == 10 and a.max_wall_s == 86400
@@ -127,9 +133,10 @@ def test_association_limits_when_set() -> None:
 
 @pytest.mark.parametrize(("text", "message"), [
     ("slurmhet|root||normal", "sacctmgr show assoc: line 1 has 4 fields"),  # truncated
-    ("ml|bob||normal|normal|gres/gpu=four||| \n", "sacctmgr show assoc: cannot read TRES entry 'gres/gpu=four'"),
-    ("ml|bob||normal|normal|||ten|", "sacctmgr show assoc: cannot read MaxJobs 'ten' of association ml/bob"),
-    ("ml|bob||normal|normal||||soon", "sacctmgr show assoc: cannot read MaxWall 'soon'"),
+    ("ml|bob||normal|normal|gres/gpu=four||| |\n", "sacctmgr show assoc: cannot read TRES entry 'gres/gpu=four'"),
+    ("ml|bob||normal|normal|||ten||", "sacctmgr show assoc: cannot read MaxJobs 'ten' of association ml/bob"),
+    ("ml|bob||normal|normal||||soon|", "sacctmgr show assoc: cannot read MaxWall 'soon'"),
+    ("ml|bob||normal|normal|||||high", "sacctmgr show assoc: cannot read MinPrioThreshold 'high'"),
 ])
 def test_bad_assoc_output_names_the_command(text: str, message: str) -> None:
     with pytest.raises(SlurmOutputError, match=message):
@@ -140,16 +147,21 @@ def test_qos_and_the_gpu2_cap(rec: Recorded) -> None:
     qos = {q.name: q for q in limits.parse_qos(rec.read("sacctmgr_show_qos.txt"))}
     assert qos["gpu2"].gpu_cap() == 2 and qos["gpu2"].max_tres_per_user == {"gres/gpu": 2}
     assert qos["normal"].gpu_cap() is None and qos["normal"].priority == 0
-    (q,) = limits.parse_qos("high|100||gres/gpu=8|gres/gpu=32|5|02:00:00\n")
+    assert qos["normal"].min_prio_threshold is None and qos["normal"].flags == ()
+    # record.sh adds QOS fx-scavenger (MinPrioThresh=1000 Flags=OverPartQOS) for the recording only.
+    assert qos["fx-scavenger"].min_prio_threshold == 1000 and qos["fx-scavenger"].flags == ("OverPartQOS",)
+    (q,) = limits.parse_qos("high|100||gres/gpu=8|gres/gpu=32|5|02:00:00|2000|DenyOnLimit,OverPartQOS\n")
     assert q.priority == 100 and q.max_tres_per_job == {"gres/gpu": 8} and q.grp_tres == {"gres/gpu": 32}
     assert q.max_jobs_per_user == 5 and q.max_wall_s == 7200 and q.gpu_cap() is None
+    assert q.min_prio_threshold == 2000 and q.flags == ("DenyOnLimit", "OverPartQOS")
 
 
 @pytest.mark.parametrize("text", [
     "gpu2|0|gres/gpu=2",  # truncated
-    "gpu2|0|gres/gpu=two||||",  # non-numeric TRES
-    "gpu2|high|gres/gpu=2||||",
-    "gpu2|0|gres/gpu=2|||||yesterday",
+    "gpu2|0|gres/gpu=two||||||",  # non-numeric TRES
+    "gpu2|high|gres/gpu=2||||||",
+    "gpu2|0|gres/gpu=2|||||yesterday||",
+    "gpu2|0|gres/gpu=2||||||lots|",
 ])
 def test_bad_qos_output_names_the_command(text: str) -> None:
     with pytest.raises(SlurmOutputError, match="sacctmgr show qos"):
@@ -198,7 +210,19 @@ def test_bad_pending_start_output_names_the_command(text: str) -> None:
 def test_the_dev_clusters_config_sets_no_reserve_thresholds(rec: Recorded) -> None:
     config = parse_scontrol_config(rec.read("scontrol_show_config.txt"))
     assert "bf_interval=1" in config["SchedulerParameters"]
-    assert limits.parse_reserve_rule(config) == limits.ReserveRule(0.0, 0)
+    # 22.05's fixture was recorded before the dev cluster enforced limits (AccountingStorageEnforce=associations).
+    limited = "limits" in config["AccountingStorageEnforce"]
+    assert limited is (rec.series != "22.05")
+    assert limits.parse_reserve_rule(config) == limits.ReserveRule(0.0, 0, limited)
+
+
+@pytest.mark.parametrize(("enforce", "limited"), [
+    ("associations", False), ("associations,limits,qos", True), ("associations,limits,safe", True), ("none", False),
+])
+def test_qos_thresholds_count_only_where_slurm_enforces_limits(enforce: str, limited: bool) -> None:
+    rule = limits.parse_reserve_rule({"AccountingStorageEnforce": enforce, "SchedulerParameters": "(null)"})
+    assert rule.enforce_limits is limited
+    assert rule.reserves(eligible_s=0.0, priority=10, now_s=1.0, threshold=20) is not limited
 
 
 @pytest.mark.parametrize(("params", "rule"), [
@@ -220,6 +244,31 @@ def test_a_blocked_job_reserves_once_eligible_long_enough_and_of_high_enough_pri
     assert not rule.reserves(eligible_s=None, priority=100, now_s=1_600.0)
     assert not rule.reserves(eligible_s=1_000.0, priority=99, now_s=9_999.0)
     assert limits.ReserveRule().reserves(eligible_s=None, priority=0, now_s=0.0)
+    # A QOS or association MinPrioThreshold replaces bf_min_prio_reserve where limits are enforced.
+    enforced = limits.ReserveRule(min_priority=100, enforce_limits=True)
+    assert enforced.reserves(eligible_s=None, priority=150, now_s=0.0, threshold=None)
+    assert not enforced.reserves(eligible_s=None, priority=150, now_s=0.0, threshold=200)
+    assert enforced.reserves(eligible_s=None, priority=50, now_s=0.0, threshold=40)
+
+
+def _qos(name: str, threshold: int | None, flags: tuple[str, ...] = ()) -> limits.QosRecord:
+    return limits.QosRecord(name=name, priority=0, max_tres_per_user={}, max_tres_per_job={}, grp_tres={},
+                            max_jobs_per_user=None, max_wall_s=None, min_prio_threshold=threshold, flags=flags)
+
+
+def test_the_threshold_is_the_first_set_of_partition_qos_job_qos_and_association() -> None:
+    """slurmctld's order (``acct_policy_set_qos_order``, ``acct_policy_get_prio_thresh``): the partition's QOS
+    before the job's, unless the job's has OverPartQOS; then the association."""
+    assoc = limits.AssocRecord(account="ml", user="bob", partition="", qos=("normal",), default_qos="normal",
+                               max_tres={}, grp_tres={}, max_jobs=None, max_wall_s=None, min_prio_threshold=300)
+    qos = {q.name: q for q in (_qos("job", 100), _qos("part", 200), _qos("over", 150, ("OverPartQOS",)),
+                               _qos("unset", None))}
+    assert limits.prio_threshold(qos, "job", "part", assoc) == 200
+    assert limits.prio_threshold(qos, "over", "part", assoc) == 150
+    assert limits.prio_threshold(qos, "job", None, assoc) == 100
+    assert limits.prio_threshold(qos, "unset", "unset", assoc) == 300
+    assert limits.prio_threshold(qos, "unset", None, None) is None
+    assert limits.prio_threshold(qos, "unknown", "part", None) == 200
 
 
 # --------------------------------------------------------------------------- usage history
@@ -297,10 +346,10 @@ def test_client_reads_the_shared_cluster_through_the_runner(rec: Recorded) -> No
     assert {(a.user, a.account) for a in cli.associations("slurmhet-capped")} == {
         ("root", "slurmhet"), ("root", "root"), ("slurmhet-capped", "capped")}
     assert cli.default_account("slurmhet-capped") == "capped"
-    assert {q.name for q in cli.qos()} == {"normal", "gpu2"}
+    assert {q.name for q in cli.qos()} == {"normal", "gpu2", "fx-scavenger"}
     assert str(rec.ow_ids["behind"]) in {s.job_id for s in cli.pending_starts()}
     assert runner.calls[2] == ["sacctmgr", "-n", "-P", "show", "assoc", "user=slurmhet-capped",
-                               "format=Account,User,Partition,QOS,DefaultQOS,MaxTRES,GrpTRES,MaxJobs,MaxWall"]
+                               "format=Account,User,Partition,QOS,DefaultQOS,MaxTRES,GrpTRES,MaxJobs,MaxWall,MinPrioThreshold"]
     assert runner.calls[5] == ["squeue", "--all", "--start", "--noheader", "--format=%A|%S|%Y|%r"]
     since = datetime(2026, 11, 1, tzinfo=timezone.utc)
     assert cli.usage_history(since)
