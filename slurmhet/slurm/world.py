@@ -19,7 +19,10 @@ What slurmhet assumes about jobs it did not submit:
   (queued overdue) that Slurm ranks above it (in a reservation, then a higher
   partition PriorityTier, higher priority, earlier submission, as slurmctld sorts
   its queue) and that wait for every (node, GPU type) its partition lets it take,
-  so that Slurm's backfill can start it only where it ends before them;
+  so that Slurm's backfill can start it only where it ends before them; a job of
+  ours holds nothing back before Slurm reserves for it (``ReserveRule``: its age,
+  its priority against ``bf_min_prio_reserve`` or its QOS's or association's
+  MinPrioThreshold);
 - pending jobs held for reasons of their own (dependencies, begin times, limits,
   holds) take nothing, nor do pending jobs bound to a reservation held against us
   (they start inside it);
@@ -40,7 +43,7 @@ from typing import Collection, Iterable, Mapping, Sequence
 from slurmhet.cluster import Hold, Inventory, Node, OpenWorld, QueuedAhead
 from slurmhet.slurm.client import SlurmClient
 from slurmhet.slurm.limits import (AssocRecord, PartitionRecord, PendingStart, QosRecord, ReservationRecord,
-                                   ReserveRule, UsageRecord, parse_reserve_rule)
+                                   ReserveRule, UsageRecord, parse_reserve_rule, prio_threshold)
 from slurmhet.slurm.parsers import QueueRecord
 from slurmhet.slurm.runner import SlurmCommandError
 
@@ -253,6 +256,19 @@ def served_first(record: QueueRecord, slots: frozenset[tuple[str, str]],
     return tuple(ids)
 
 
+def job_prio_threshold(world: SlurmWorld, record: QueueRecord) -> int | None:
+    """The MinPrioThreshold Slurm applies to one of the user's jobs (:func:`~slurmhet.slurm.limits.prio_threshold`):
+    its QOS (as squeue names it, else its association's default), its partition's QOS, its association (the
+    one of its partition if the user has one, else the account's)."""
+    account = record.account or world.default_account
+    rows = [a for a in world.assocs if a.account == account and a.user == record.user]
+    association = next((a for a in rows if a.partition == record.partition), None) or next(
+        (a for a in rows if not a.partition), None)
+    job_qos = record.qos or (association.default_qos if association else "")
+    part = next((p for p in world.partitions if p.name == record.partition), None)
+    return prio_threshold({q.name: q for q in world.qos}, job_qos, part.qos if part else None, association)
+
+
 def held_reservations(world: SlurmWorld, access: Access, now_s: float) -> list[ReservationRecord]:
     """The reservations whose nodes the caller's jobs may not use until they end: every one not over, since a
     job that does not name a reservation never starts on its nodes (slurmhet's jobs name none), except a
@@ -292,7 +308,8 @@ def open_world(world: SlurmWorld, store_tag: str, access: Access, now_s: float,
     queued = [(r, slots_of(r.partition, (t for t, _ in r.gpu_request))) for r in world.queue
               if is_ours(r.comment, store_tag) and r.state == "PENDING" and r.reason in COMPETING_REASONS
               and r.gpu_request
-              and world.reserve.reserves(r.eligible.timestamp() if r.eligible else None, r.priority, now_s)]
+              and world.reserve.reserves(r.eligible.timestamp() if r.eligible else None, r.priority, now_s,
+                                         job_prio_threshold(world, r))]
     for record in world.queue:
         if is_ours(record.comment, store_tag):
             continue

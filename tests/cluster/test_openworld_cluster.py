@@ -23,6 +23,7 @@ import pytest
 
 from slurmhet.throughput import load_tables
 from tests.cluster.helpers import accounting, cli, job, never_ran, status, user_python, wait_for, write
+from slurmhet.slurm.world import job_prio_threshold, read_world
 from tests.cluster.replan_helpers import (REPO, SLURM, db_snapshot, events, replan, sbatch_foreign,
                                           scancel, squeue_state, submit, submitted_by, wait_slurm)
 
@@ -366,6 +367,55 @@ def _reservations() -> str:
                           timeout=30).stdout
 
 
+# --------------------------------------------------------------------------- QOS MinPrioThreshold
+
+
+@pytest.mark.parametrize("above", [False, True])
+def test_a_qos_min_prio_threshold_above_a_blocked_jobs_priority_lets_lower_jobs_pass_it_as_forecast(
+        leftovers: list[str], above: bool) -> None:
+    """A blocked job holds its partition's nodes from lower-priority jobs unless its priority is below its QOS's
+    MinPrioThreshold (slurmctld's ``acct_policy_get_prio_thresh``, which replaces ``bf_min_prio_reserve``).
+    slurmhet reads the threshold and forecasts the same (``ReserveRule.reserves``); Slurm's own choice is
+    the check."""
+    holder = sbatch_foreign("--gres=gpu:v100:3", "-p", "v100", "-t", "10", "--wrap", "sleep 600")
+    leftovers.append(holder)
+    wait_slurm(holder, ("RUNNING",), timeout=90)
+    ours = subprocess.run(["sbatch", "--parsable", "-o", "/dev/null", "-p", "v100", "--gres=gpu:v100:4", "-t", "5",
+                           "--wrap", "sleep 60"], capture_output=True, text=True, timeout=30, check=True,
+                          cwd="/tmp").stdout.strip()
+    leftovers.append(ours)
+    deadline = time.monotonic() + 60
+    while squeue_state(ours) != ("PENDING", "Resources"):
+        assert time.monotonic() < deadline, f"job {ours} not pending on Resources: {squeue_state(ours)}"
+        time.sleep(0.5)
+    (record,) = SLURM.queue([ours])
+    threshold = record.priority + 1000
+    if above:
+        subprocess.run(["sacctmgr", "-i", "modify", "qos", record.qos, "set", f"MinPrioThresh={threshold}"],
+                       capture_output=True, timeout=30, check=True)
+    try:
+        world = read_world(SLURM, "root")
+        (record,) = [r for r in world.queue if r.job_id == ours]
+        assert world.reserve.enforce_limits  # the dev cluster enforces limits
+        assert job_prio_threshold(world, record) == (threshold if above else None)
+        forecast = world.reserve.reserves(record.eligible.timestamp() if record.eligible else None, record.priority,
+                                          time.time(), job_prio_threshold(world, record))
+        assert forecast is not above
+        low = sbatch_foreign("--gres=gpu:v100:1", "-p", "v100", "-t", "30", "--wrap", "sleep 300")
+        leftovers.append(low)
+        subprocess.run(["scontrol", "update", f"jobid={low}", "priority=1"], capture_output=True, timeout=30,
+                       check=True)
+        if above:  # ours reserves nothing: the priority-1 job takes the free v100 at once
+            wait_slurm(low, ("RUNNING",), timeout=30)
+        else:  # ours holds the v100s; the 1-v100 job would delay it (30 min > the holder's 10), so it waits
+            time.sleep(10)
+            assert squeue_state(low)[0] == "PENDING"
+    finally:
+        if above:
+            subprocess.run(["sacctmgr", "-i", "modify", "qos", record.qos, "set", "MinPrioThresh=-1"],
+                           capture_output=True, timeout=30, check=True)
+
+
 # --------------------------------------------------------------------------- bad Slurm output
 
 
@@ -373,7 +423,7 @@ BAD_OUTPUT = {
     "partition": ("scontrol", "show partition", "PartitionName=v100 MaxTime=forever Nodes=nodea State=UP"),
     "reservation": ("scontrol", "show reservation", "ReservationName=x StartTime=soon EndTime=later Nodes=nodeb"),
     "assoc": ("sacctmgr", "show assoc", "slurmhet|root"),
-    "qos": ("sacctmgr", "show qos", "normal|high|gres/gpu=lots|||x|"),
+    "qos": ("sacctmgr", "show qos", "normal|high|gres/gpu=lots|||x||soon|"),
     "squeue --start": ("squeue", "--start", "17|tomorrow|nodea"),
 }
 

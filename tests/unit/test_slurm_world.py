@@ -13,7 +13,8 @@ from slurmhet.slurm.limits import (AssocRecord, PartitionRecord, PendingStart, Q
                                    ReserveRule, UsageRecord)
 from slurmhet.slurm.parsers import QueueRecord
 from slurmhet.slurm.world import (
-    MIN_HISTORY, SlurmWorld, access_of, gpu_use, is_ours, limit_fractions, open_world, tagged_ids,
+    MIN_HISTORY, SlurmWorld, access_of, gpu_use, is_ours, job_prio_threshold, limit_fractions, open_world,
+    tagged_ids,
 )
 
 T0 = datetime(2026, 11, 25, 12, 0, tzinfo=timezone.utc)
@@ -198,6 +199,38 @@ def test_our_blocked_job_holds_back_later_foreign_jobs_only_when_slurm_reserves_
     w = world((ours, theirs), reserve=rule)
     (ahead,) = open_world(w, TAG, access_of(w, "root", ()), NOW).ahead
     assert ahead.after == (("7",) if goes_after else ())
+
+
+@pytest.mark.parametrize(("enforced", "qos_threshold", "assoc_threshold", "goes_after"), [
+    (True, None, None, True),
+    (True, 6_000, None, False),  # our QOS's MinPrioThreshold is above our job's priority (5,000)
+    (True, None, 6_000, False),  # so is our association's
+    (True, 4_000, 6_000, True),  # the QOS's comes first, and it is below
+    (False, 6_000, None, True),  # Slurm does not enforce limits: the thresholds do nothing
+])
+def test_a_qos_or_association_min_prio_threshold_above_our_jobs_priority_lets_later_jobs_pass(
+        enforced: bool, qos_threshold: int | None, assoc_threshold: int | None, goes_after: bool) -> None:
+    ours = record("20", "PENDING", user="root", comment=f"slurmhet:7@{TAG}", request=(("v100", 4),),
+                  reason="Resources", part="v100", priority=5_000)
+    ours = replace(ours, account="slurmhet", qos="normal")
+    theirs = record("21", "PENDING", request=(("v100", 2),), reason="Priority", part="v100", priority=4_000)
+    w = world((ours, theirs), reserve=ReserveRule(enforce_limits=enforced),
+              qos=(replace(qos("normal"), min_prio_threshold=qos_threshold),),
+              assocs=(replace(assoc("slurmhet", "root"), min_prio_threshold=assoc_threshold),))
+    (ahead,) = open_world(w, TAG, access_of(w, "root", ()), NOW).ahead
+    assert ahead.after == (("7",) if goes_after else ())
+
+
+def test_our_jobs_threshold_comes_from_its_partitions_qos_and_its_partitions_association() -> None:
+    ours = replace(record("20", "PENDING", user="root", part="v100"), account="slurmhet", qos="")
+    parts = (replace(PARTS[1], qos="part"),)
+    w = world((ours,), partitions=parts, qos=(replace(qos("part"), min_prio_threshold=700),))
+    assert job_prio_threshold(w, ours) == 700
+    w = world((ours,), qos=(qos("normal"),), assocs=(
+        replace(assoc("slurmhet", "root"), min_prio_threshold=300),
+        replace(assoc("slurmhet", "root", partition="v100"), min_prio_threshold=400)))
+    assert job_prio_threshold(w, ours) == 400  # the association of its partition, then the account's
+    assert job_prio_threshold(w, replace(ours, partition="t4")) == 300
 
 
 def test_a_reservation_holds_its_nodes_for_its_span_unless_it_is_magnetic_and_open_to_the_user() -> None:
