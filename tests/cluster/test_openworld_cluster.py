@@ -21,9 +21,9 @@ from typing import Iterator
 
 import pytest
 
+from slurmhet.slurm.world import job_prio_threshold, read_world
 from slurmhet.throughput import load_tables
 from tests.cluster.helpers import accounting, cli, job, never_ran, status, user_python, wait_for, write
-from slurmhet.slurm.world import job_prio_threshold, read_world
 from tests.cluster.replan_helpers import (REPO, SLURM, db_snapshot, events, replan, sbatch_foreign,
                                           scancel, squeue_state, submit, submitted_by, wait_slurm)
 
@@ -397,9 +397,10 @@ def test_a_qos_min_prio_threshold_above_a_blocked_jobs_priority_lets_lower_jobs_
         world = read_world(SLURM, "root")
         (record,) = [r for r in world.queue if r.job_id == ours]
         assert world.reserve.enforce_limits  # the dev cluster enforces limits
-        assert job_prio_threshold(world, record) == (threshold if above else None)
+        read = job_prio_threshold(world, record)
+        assert read == (threshold if above else None)
         forecast = world.reserve.reserves(record.eligible.timestamp() if record.eligible else None, record.priority,
-                                          time.time(), job_prio_threshold(world, record))
+                                          time.time(), read)
         assert forecast is not above
         low = sbatch_foreign("--gres=gpu:v100:1", "-p", "v100", "-t", "30", "--wrap", "sleep 300")
         leftovers.append(low)
