@@ -182,6 +182,13 @@ def gpu_hours(record: AccountingRecord, shares: Mapping[str, GpuShares] | None =
     return hours
 
 
+def _run_order(record: AccountingRecord) -> tuple[float, int]:
+    """Submit time, then Slurm's job id: sacct's times are whole seconds, and a restart submitted within the
+    second in which Slurm requeued the run it replaces (a node failure) is still the later run; ids only grow."""
+    return (record.submit.timestamp() if record.submit else 0.0,
+            int(record.id.job) if record.id.job.isdigit() else 0)
+
+
 def fold(job: StoredJob, records: Iterable[AccountingRecord], shares: Mapping[str, GpuShares] | None = None,
          sharers: Mapping[str, int] | None = None) -> JobReport:
     """All of a job's allocations (het components, array tasks, resubmissions) into one row.
@@ -199,7 +206,7 @@ def fold(job: StoredJob, records: Iterable[AccountingRecord], shares: Mapping[st
     submits = [r.submit for r in mine if r.submit]
     starts = [r.start for r in mine if r.start]
     # The latest run decides: a run moved away (cancelled) or retried after a failure said nothing final.
-    latest = max(mine, key=lambda r: r.submit.timestamp() if r.submit else 0.0).id.job if mine else None
+    latest = max(mine, key=_run_order).id.job if mine else None
     state = _job_state([r.state for r in mine if r.id.job == latest])
     ends = [r.end for r in mine if r.end] if state in _FINAL else []
     if job.stored_at is not None:

@@ -53,6 +53,19 @@ def test_jct_and_queueing_count_from_when_slurmhet_stored_the_job() -> None:
     assert report.makespan_s == 3710.0
 
 
+def test_the_restart_decides_the_state_though_submitted_in_the_second_its_failed_run_was_requeued() -> None:
+    """A node failed under run 4071; Slurm requeued it, slurmhet cancelled it and submitted 4073 within the same
+    second (sacct's Submit of both reads alike). The job completed: 4073's state, not 4071's, is the job's."""
+    requeue = T0 + timedelta(seconds=60)
+    failed = AccountingRecord(SlurmJobId("4071"), "4071", "x", "CANCELLED", "0:0", requeue, None, requeue, 0, {},
+                              "nodea", "", "root", "gpu")
+    restart = AccountingRecord(SlurmJobId("4073"), "4073", "x", "COMPLETED", "0:0", requeue, requeue,
+                               requeue + timedelta(seconds=40), 40, {"gres/gpu:v100": 1}, "nodea", "", "root", "gpu")
+    for records in ([failed, restart], [restart, failed]):
+        (job,) = build_report([StoredJob(1, "j", "root", 1.0, None, ("4071", "4073"))], records, {"v100": 4}).jobs
+        assert job.state == "COMPLETED" and job.end == requeue + timedelta(seconds=40)
+
+
 # sacct --parsable2 --noheader --format=<SACCT_FIELDS> as the dev cluster prints it (slurmhet job 40 is this
 # store's het job; the devcluster noise user's plain jobs and another store's job share the cluster with it).
 SACCT_SHARED = """\
