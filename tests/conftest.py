@@ -8,11 +8,17 @@ cluster/postgres test turns the session red.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
+from typing import Callable, Iterator
 
 import pytest
+
+from slurmhet.slurm.client import SlurmCli
+from slurmhet.slurm.runner import SlurmCommandError, SubprocessRunner
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures"
@@ -53,6 +59,106 @@ def pg_url() -> str:
     if not url:
         _unavailable("SLURMHET_TEST_PG_URL is not set (run etc/devcluster/pgcluster up)")
     return url  # type: ignore[return-value]
+
+
+#: How long a cluster test waits, before it starts, for an earlier test's node to come back into service.
+NODE_WAIT_S = 150
+#: sinfo states (``%T``) in which a node takes no new job: down, drained/draining, failing, invalid, unknown, not
+#: responding (``*``).
+_OUT_OF_SERVICE = re.compile(r"down|drain|fail|inval|unknown|\*")
+#: Nodes the gate has already waited NODE_WAIT_S for in vain: later tests fail at once on them rather than each
+#: waiting again, so a node that stays out costs one wait, not one per remaining test (CI's 90 minutes).
+_GAVE_UP: set[str] = set()
+
+
+def _sinfo_nodes() -> str:
+    out = subprocess.run(["sinfo", "-h", "-N", "-o", "%N|%T|%E"], capture_output=True, text=True, timeout=30)
+    if out.returncode != 0:
+        return f"sinfo -> {out.returncode}: {out.stderr.strip()}"
+    return "".join(f"{line}\n" for line in dict.fromkeys(out.stdout.splitlines()))  # a node once, not per partition
+
+
+def _out_of_service(nodes: str) -> list[str]:
+    rows = [line.split("|", 2) for line in nodes.splitlines() if line.count("|") >= 2]
+    if not rows:
+        return [nodes.strip() or "sinfo listed no node"]
+    return [f"{name} {state} ({reason})" for name, state, reason in rows if _OUT_OF_SERVICE.search(state)]
+
+
+def _wait_in_service(read: Callable[[], str], wait_s: float, gave_up: set[str],
+                     clock: Callable[[], float] = time.monotonic,
+                     sleep: Callable[[float], None] = time.sleep) -> str | None:
+    """None once every node takes jobs; else why the test must fail.
+
+    Waits up to ``wait_s`` for nodes to come back, except for nodes in ``gave_up`` (already waited for in vain),
+    which fail at once; the nodes it gives up on join ``gave_up``.
+    """
+    deadline = clock() + wait_s
+    while bad := _out_of_service(read()):
+        if {line.split()[0] for line in bad} <= gave_up:
+            return f"dev cluster node(s) still out of service, as an earlier test found: {'; '.join(bad)}"
+        if clock() > deadline:
+            gave_up.update(line.split()[0] for line in bad)
+            return f"dev cluster node(s) out of service for {wait_s:.0f}s before the test: {'; '.join(bad)}"
+        sleep(2)
+    return None
+
+
+@pytest.fixture(autouse=True)
+def nodes_in_service(request: pytest.FixtureRequest) -> None:
+    """A cluster test starts with every node able to take jobs, or fails at once naming the node and its reason.
+
+    A node an earlier test took out of service (drained, its slurmd killed, the controller restarted) otherwise
+    shows up minutes later as a job that never starts, far from its cause.
+    """
+    if "slurm_cluster" not in request.fixturenames:
+        return
+    request.getfixturevalue("slurm_cluster")
+    if why := _wait_in_service(_sinfo_nodes, NODE_WAIT_S, _GAVE_UP):
+        pytest.fail(why, pytrace=False)
+
+
+#: Lines of each Slurm daemon's log a failed cluster test's report ends with.
+DAEMON_LOG_LINES = 12
+
+
+def _daemon_logs(nodes: str) -> str:
+    """Whether each node's slurmd runs, and the last lines of slurmctld's and each slurmd's log, where Slurm's
+    own configuration puts them: why a node went out of service is written there, and CI keeps only the output.
+
+    ``nodes`` is what :func:`_sinfo_nodes` read for the same report.
+    """
+    settings = SlurmCli(SubprocessRunner()).config()
+    nodes = sorted({line.split("|", 1)[0] for line in nodes.splitlines() if "|" in line})
+    logs = {"slurmctld": settings.get("SlurmctldLogFile", "")}
+    out = []
+    for node in nodes:
+        logs[f"slurmd {node}"] = settings.get("SlurmdLogFile", "").replace("%n", node)
+        pid_file = Path(settings.get("SlurmdPidFile", "").replace("%n", node))
+        pid = pid_file.read_text().strip() if pid_file.is_file() else ""
+        out.append(f"slurmd {node}: {'running' if pid and Path(f'/proc/{pid}').exists() else 'not running'}"
+                   f" (pid file {pid_file}: {pid or 'none'})")
+    for name, path in logs.items():
+        lines = Path(path).read_text(errors="replace").splitlines()[-DAEMON_LOG_LINES:] if Path(path).is_file() else []
+        out.append(f"{name} log {path or '(not configured)'}, last {len(lines)} lines:\n" + "\n".join(lines))
+    return "\n".join(out) + "\n"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed cluster test's report carries the nodes' states and the queue as they were when it failed."""
+    outcome = yield
+    report = outcome.get_result()
+    if not (report.failed and "slurm_cluster" in getattr(item, "fixturenames", ())):
+        return
+    try:
+        nodes = _sinfo_nodes()
+        queue = subprocess.run(["squeue", "-a", "-o", "%i %u %T %r %b %N"], capture_output=True, text=True,
+                               timeout=30)
+        report.sections.append(("dev cluster when it failed", f"sinfo (node|state|reason):\n{nodes}\n"
+                                f"squeue:\n{queue.stdout}{queue.stderr}\n{_daemon_logs(nodes)}"))
+    except (OSError, subprocess.TimeoutExpired, SlurmCommandError) as exc:
+        report.sections.append(("dev cluster when it failed", f"could not ask Slurm: {exc}"))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

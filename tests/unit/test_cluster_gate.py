@@ -1,0 +1,63 @@
+"""The cluster tests' node gate: which sinfo states count as out of service (no Slurm needed)."""
+
+from __future__ import annotations
+
+from tests.conftest import _out_of_service, _wait_in_service
+
+
+def test_states_that_take_jobs_pass() -> None:
+    nodes = "nodea|idle|none\nnodeb|mixed|none\nnodec|allocated|none\nnodea|completing|none\nnodeb|reserved|none\n"
+    assert _out_of_service(nodes) == []
+
+
+def test_each_out_of_service_state_is_named_with_its_reason() -> None:
+    nodes = ("nodea|down*|Not responding\nnodeb|drained|slurmhet test\nnodec|idle*|none\n"
+             "noded|draining|a|b\nnodee|fail|bad gpu\nnodef|idle|none\n")
+    assert _out_of_service(nodes) == ["nodea down* (Not responding)", "nodeb drained (slurmhet test)",
+                                      "nodec idle* (none)", "noded draining (a|b)", "nodee fail (bad gpu)"]
+
+
+def test_an_answer_without_nodes_is_out_of_service() -> None:
+    assert _out_of_service("") == ["sinfo listed no node"]
+    assert _out_of_service("sinfo -> 1: slurm_load_node: Unable to contact slurm controller") == [
+        "sinfo -> 1: slurm_load_node: Unable to contact slurm controller"]
+
+
+class _Clock:
+    """A clock that `sleep` moves on, and a reader that answers a script of sinfo outputs (the last one repeats)."""
+
+    def __init__(self, answers: list[str]) -> None:
+        self.now, self.answers, self.reads = 0.0, answers, 0
+
+    def read(self) -> str:
+        self.reads += 1
+        return self.answers[min(self.reads, len(self.answers)) - 1]
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+UP = "nodea|idle|none\nnodeb|idle|none\n"
+NODEB_OUT = "nodea|idle|none\nnodeb|drained|Kill task failed\n"
+
+
+def test_a_node_that_returns_within_the_wait_lets_the_test_run() -> None:
+    clock, gave_up = _Clock([NODEB_OUT, NODEB_OUT, UP]), set[str]()
+    assert _wait_in_service(clock.read, 150, gave_up, clock=lambda: clock.now, sleep=clock.sleep) is None
+    assert clock.reads == 3 and clock.now == 4 and gave_up == set()
+
+
+def test_a_node_given_up_on_fails_later_tests_at_once_and_another_node_is_still_waited_for() -> None:
+    clock, gave_up = _Clock([NODEB_OUT]), set[str]()
+    why = _wait_in_service(clock.read, 150, gave_up, clock=lambda: clock.now, sleep=clock.sleep)
+    assert why == "dev cluster node(s) out of service for 150s before the test: nodeb drained (Kill task failed)"
+    assert gave_up == {"nodeb"} and 150 < clock.now <= 154
+
+    again = _Clock([NODEB_OUT])  # the next test: no second 150 s wait for the same node
+    why = _wait_in_service(again.read, 150, gave_up, clock=lambda: again.now, sleep=again.sleep)
+    assert why == "dev cluster node(s) still out of service, as an earlier test found: nodeb drained (Kill task failed)"
+    assert again.reads == 1 and again.now == 0
+
+    both = _Clock(["nodea|down*|Not responding\nnodeb|drained|Kill task failed\n", UP])  # nodea is new: waited for
+    assert _wait_in_service(both.read, 150, gave_up, clock=lambda: both.now, sleep=both.sleep) is None
+    assert both.reads == 2
