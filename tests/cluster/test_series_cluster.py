@@ -28,5 +28,8 @@ def test_the_commands_and_the_controller_are_the_expected_series() -> None:
     # Each series listens on its own port (devcluster): the host's 22.05 on 16817, 24.11 on 26817, 26.05 on 36817.
     port = {"22.05": "16817", "24.11": "26817", "26.05": "36817"}[series]
     assert client.config()["SlurmctldPort"] == port
+    # And numbers its jobs from its own start, so that clusters run side by side give their jobs' torch
+    # MASTER_PORT (runtime/launcher.py: from the job id) different values.
+    assert client.config()["FirstJobId"] == {"22.05": "1", "24.11": "4001", "26.05": "8001"}[series]
     ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=30)
     assert "is UP" in ping.stdout
