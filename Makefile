@@ -8,7 +8,7 @@ DEVCLUSTER := etc/devcluster/devcluster
 PGCLUSTER  := etc/devcluster/pgcluster
 # The Slurm that `make demo` runs on: 22.05 on the host, or 24.11 / 26.05 in their chroots.
 SLURM     ?= 22.05
-# The newer Slurm series whose real clusters `make test` runs the cluster tests on as well.
+# The newer Slurm series whose real clusters `make test` runs the cluster tests on as well, side by side.
 TEST_SLURM_SERIES ?= 24.11 26.05
 export SLURMHET_STATE_DIR ?= $(CURDIR)/$(if $(filter 22.05,$(SLURM)),.state,.state-$(SLURM))
 # The dev cluster's GPU types (v100, t4, k80): Gavel's table plus flagged t4 priors.
@@ -48,14 +48,21 @@ demo: setup
 ## test: the whole suite, with the real Slurm cluster and PostgreSQL (cluster tests must not skip).
 test: setup cluster-up pg-up
 	SLURMHET_REQUIRE_CLUSTER=1 SLURMHET_EXPECT_SLURM=22.05 SLURMHET_TEST_PG_URL="$$($(PGCLUSTER) url)" $(VENV)/bin/pytest -q
-	for v in $(TEST_SLURM_SERIES); do $(MAKE) --no-print-directory test-slurm SLURM=$$v || exit 1; done
+	$(MAKE) --no-print-directory -j --output-sync=recurse $(TEST_SLURM_SERIES:%=cluster-tests-%)
 
 ## test-slurm: the real-cluster tests on Slurm $(SLURM), its cluster started in its chroot (built once, cached) and stopped after.
 test-slurm: setup pg-up
-	$(DEVCLUSTER) up --slurm $(SLURM)
-	rc=0; $(DEVCLUSTER) exec --slurm $(SLURM) -- env SLURMHET_REQUIRE_CLUSTER=1 SLURMHET_EXPECT_SLURM=$(SLURM) \
-	    SLURMHET_TEST_PG_URL="$$($(PGCLUSTER) url)" $(VENV)/bin/pytest -q tests/cluster || rc=$$?; \
-	$(DEVCLUSTER) down --slurm $(SLURM); exit $$rc
+	$(MAKE) --no-print-directory cluster-tests-$(SLURM)
+
+# One series' real-cluster tests, PostgreSQL already up (`pgcluster up` starts it afresh: never while
+# another series' tests use it). `make test` runs the newer series side by side: each has its own chroot,
+# ports, job ids and store, and --output-sync prints each series' output whole, when it ends.
+cluster-tests-%:
+	$(DEVCLUSTER) up --slurm $*
+	rc=0; $(DEVCLUSTER) exec --slurm $* -- env SLURMHET_REQUIRE_CLUSTER=1 SLURMHET_EXPECT_SLURM=$* \
+	    SLURMHET_STATE_DIR=$(CURDIR)/.state-$* SLURMHET_TEST_PG_URL="$$($(PGCLUSTER) url)" \
+	    $(VENV)/bin/pytest -q tests/cluster || rc=$$?; \
+	$(DEVCLUSTER) down --slurm $*; exit $$rc
 
 ## goldens: regenerate the golden sbatch scripts after an intended template change.
 goldens: setup
