@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import time
+import warnings
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -85,16 +86,30 @@ def _out_of_service(nodes: str) -> list[str]:
     return [f"{name} {state} ({reason})" for name, state, reason in rows if _OUT_OF_SERVICE.search(state)]
 
 
+def _kill_task_failed(nodes: str) -> list[str]:
+    """Nodes Slurm drained because a job's processes outlived SIGKILL by UnkillableStepTimeout, now empty.
+
+    On the dev cluster that is the host's load (three slurmd, two clusters' tests, one small machine), not a broken
+    node: an admin resumes such a node once its jobs are gone, which ``drained`` (not ``draining``) says.
+    """
+    rows = [line.split("|", 2) for line in nodes.splitlines() if line.count("|") >= 2]
+    return [name for name, state, reason in rows if state == "drained" and reason.startswith("Kill task failed")]
+
+
 def _wait_in_service(read: Callable[[], str], wait_s: float, gave_up: set[str],
+                     resume: Callable[[str], None] = lambda node: None,
                      clock: Callable[[], float] = time.monotonic,
                      sleep: Callable[[float], None] = time.sleep) -> str | None:
     """None once every node takes jobs; else why the test must fail.
 
     Waits up to ``wait_s`` for nodes to come back, except for nodes in ``gave_up`` (already waited for in vain),
-    which fail at once; the nodes it gives up on join ``gave_up``.
+    which fail at once; the nodes it gives up on join ``gave_up``. A node drained for "Kill task failed" whose jobs
+    are gone is handed to ``resume`` (see :func:`_kill_task_failed`).
     """
     deadline = clock() + wait_s
-    while bad := _out_of_service(read()):
+    while bad := _out_of_service(nodes := read()):
+        for node in _kill_task_failed(nodes):
+            resume(node)
         if {line.split()[0] for line in bad} <= gave_up:
             return f"dev cluster node(s) still out of service, as an earlier test found: {'; '.join(bad)}"
         if clock() > deadline:
@@ -114,8 +129,15 @@ def nodes_in_service(request: pytest.FixtureRequest) -> None:
     if "slurm_cluster" not in request.fixturenames:
         return
     request.getfixturevalue("slurm_cluster")
-    if why := _wait_in_service(_sinfo_nodes, NODE_WAIT_S, _GAVE_UP):
+    if why := _wait_in_service(_sinfo_nodes, NODE_WAIT_S, _GAVE_UP, resume=_resume):
         pytest.fail(why, pytrace=False)
+
+
+def _resume(node: str) -> None:
+    """Resume a node drained for "Kill task failed", and say so in the session's warnings summary."""
+    subprocess.run(["scontrol", "update", f"nodename={node}", "state=resume"], capture_output=True, timeout=30)
+    warnings.warn(f"dev cluster: resumed {node}, drained by Slurm for \"Kill task failed\" (a job's processes "
+                  "outlived SIGKILL by UnkillableStepTimeout) and now empty", stacklevel=1)
 
 
 #: Lines of each Slurm daemon's log a failed cluster test's report ends with.

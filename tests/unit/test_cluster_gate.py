@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.conftest import _out_of_service, _wait_in_service
+from tests.conftest import _kill_task_failed, _out_of_service, _wait_in_service
 
 
 def test_states_that_take_jobs_pass() -> None:
@@ -61,3 +61,16 @@ def test_a_node_given_up_on_fails_later_tests_at_once_and_another_node_is_still_
     both = _Clock(["nodea|down*|Not responding\nnodeb|drained|Kill task failed\n", UP])  # nodea is new: waited for
     assert _wait_in_service(both.read, 150, gave_up, clock=lambda: both.now, sleep=both.sleep) is None
     assert both.reads == 2
+
+
+def test_only_an_emptied_node_drained_for_kill_task_failed_is_resumed() -> None:
+    nodes = ("nodea|drained|Kill task failed\nnodeb|draining|Kill task failed\nnodec|drained|slurmhet test\n"
+             "noded|drained*|Kill task failed\nnodee|idle|none\n")
+    assert _kill_task_failed(nodes) == ["nodea"]  # draining: a job still ends there; drained*: slurmd not answering
+
+
+def test_the_gate_resumes_a_node_drained_for_kill_task_failed_and_the_test_runs() -> None:
+    clock, gave_up, resumed = _Clock([NODEB_OUT, UP]), set[str](), list[str]()
+    assert _wait_in_service(clock.read, 150, gave_up, resume=resumed.append, clock=lambda: clock.now,
+                            sleep=clock.sleep) is None
+    assert resumed == ["nodeb"] and clock.reads == 2 and gave_up == set()
