@@ -79,8 +79,13 @@ def _sinfo_nodes() -> str:
     return "".join(f"{line}\n" for line in dict.fromkeys(out.stdout.splitlines()))  # a node once, not per partition
 
 
+def _sinfo_rows(nodes: str) -> list[list[str]]:
+    """(name, state, reason) of each node in what :func:`_sinfo_nodes` read; none where sinfo failed."""
+    return [line.split("|", 2) for line in nodes.splitlines() if line.count("|") >= 2]
+
+
 def _out_of_service(nodes: str) -> list[str]:
-    rows = [line.split("|", 2) for line in nodes.splitlines() if line.count("|") >= 2]
+    rows = _sinfo_rows(nodes)
     if not rows:
         return [nodes.strip() or "sinfo listed no node"]
     return [f"{name} {state} ({reason})" for name, state, reason in rows if _OUT_OF_SERVICE.search(state)]
@@ -92,8 +97,8 @@ def _kill_task_failed(nodes: str) -> list[str]:
     On the dev cluster that is the host's load (three slurmd, two clusters' tests, one small machine), not a broken
     node: an admin resumes such a node once its jobs are gone, which ``drained`` (not ``draining``) says.
     """
-    rows = [line.split("|", 2) for line in nodes.splitlines() if line.count("|") >= 2]
-    return [name for name, state, reason in rows if state == "drained" and reason.startswith("Kill task failed")]
+    return [name for name, state, reason in _sinfo_rows(nodes)
+            if state == "drained" and reason.startswith("Kill task failed")]
 
 
 def _wait_in_service(read: Callable[[], str], wait_s: float, gave_up: set[str],
@@ -151,7 +156,7 @@ def _daemon_logs(nodes: str) -> str:
     ``nodes`` is what :func:`_sinfo_nodes` read for the same report.
     """
     settings = SlurmCli(SubprocessRunner()).config()
-    nodes = sorted({line.split("|", 1)[0] for line in nodes.splitlines() if "|" in line})
+    nodes = sorted({name for name, _, _ in _sinfo_rows(nodes)})
     logs = {"slurmctld": settings.get("SlurmctldLogFile", "")}
     out = []
     for node in nodes:
