@@ -64,6 +64,11 @@ def pg_url() -> str:
 
 #: How long a cluster test waits, before it starts, for an earlier test's node to come back into service.
 NODE_WAIT_S = 150
+#: How long it waits for the jobs an earlier test left to end once cancelled: longer than the dev cluster's
+#: UnkillableStepTimeout (180 s), after which Slurm ends a job whose step will not die.
+LEFTOVER_WAIT_S = 240
+#: Jobs the gate has already waited LEFTOVER_WAIT_S for in vain: not waited for again.
+_WAITED: set[str] = set()
 #: sinfo states (``%T``) in which a node takes no new job: down, drained/draining, failing, invalid, unknown, not
 #: responding (``*``).
 _OUT_OF_SERVICE = re.compile(r"down|drain|fail|inval|unknown|\*")
@@ -125,17 +130,65 @@ def _wait_in_service(read: Callable[[], str], wait_s: float, gave_up: set[str],
 
 
 @pytest.fixture(autouse=True)
-def nodes_in_service(request: pytest.FixtureRequest) -> None:
-    """A cluster test starts with every node able to take jobs, or fails at once naming the node and its reason.
+def cluster_ready_for_test(request: pytest.FixtureRequest) -> None:
+    """A cluster test starts on an empty queue and with every node able to take jobs, or fails at once naming the
+    node and its reason.
 
-    A node an earlier test took out of service (drained, its slurmd killed, the controller restarted) otherwise
-    shows up minutes later as a job that never starts, far from its cause.
+    A job an earlier test left running, or a node it took out of service (drained, its slurmd killed, the
+    controller restarted), otherwise shows up minutes later as a job that never starts, far from its cause.
+    Leftover jobs are cancelled first, so that a node drained for "Kill task failed" can empty and be resumed.
     """
     if "slurm_cluster" not in request.fixturenames:
         return
     request.getfixturevalue("slurm_cluster")
+    if cancelled := _clear_leftovers(_queued_jobs, _scancel, LEFTOVER_WAIT_S, _WAITED):
+        warnings.warn(cancelled, stacklevel=1)
     if why := _wait_in_service(_sinfo_nodes, NODE_WAIT_S, _GAVE_UP, resume=_resume):
         pytest.fail(why, pytrace=False)
+
+
+def _queued_jobs() -> str:
+    """Every job Slurm lists, as ``id|user|state|name`` lines; a het job or job array once, under its leader's id
+    (``%F``); nothing where squeue fails (the node check then says why)."""
+    out = subprocess.run(["squeue", "-a", "-h", "-o", "%F|%u|%T|%j"], capture_output=True, text=True, timeout=30)
+    return out.stdout if out.returncode == 0 else ""
+
+
+def _job_rows(queue: str) -> dict[str, str]:
+    """Slurm id -> "user state name" of each job in what :func:`_queued_jobs` read."""
+    rows = [line.split("|", 3) for line in queue.splitlines() if line.count("|") >= 3]
+    return {job_id: " ".join(rest) for job_id, *rest in rows}
+
+
+def _scancel(job_ids: list[str]) -> None:
+    subprocess.run(["scancel", *job_ids], capture_output=True, timeout=30)
+
+
+def _clear_leftovers(read: Callable[[], str], cancel: Callable[[list[str]], None], wait_s: float, waited: set[str],
+                     clock: Callable[[], float] = time.monotonic,
+                     sleep: Callable[[float], None] = time.sleep) -> str | None:
+    """Cancel every job in the queue and wait up to ``wait_s`` for it to go; what was done, for the warnings summary.
+
+    Each test has its own store and cancels the jobs it made, and nothing else submits between tests, so a job
+    listed when a test starts outlived the test that made it. It holds GPUs that the next test's plan, counting
+    the cluster's, does not expect. On 24.11 one such job held a V100 for the rest of a run and failed 9 replan
+    tests, whose blockers had to take every usable GPU. A job still there after the wait joins ``waited`` and is
+    not waited for again: the test runs, and the node check and its own assertions say the rest.
+    """
+    left = _job_rows(read())
+    if not left:
+        return None
+    cancel(sorted(left))
+    said = "dev cluster: cancelled job(s) an earlier test left in the queue: " + "; ".join(
+        f"{job_id} ({what})" for job_id, what in sorted(left.items()))
+    deadline = clock() + wait_s
+    while still := {job_id: what for job_id, what in _job_rows(read()).items() if job_id not in waited}:
+        if clock() > deadline:
+            waited.update(still)
+            return said + f"; still there after {wait_s:.0f}s: " + "; ".join(
+                f"{job_id} ({what})" for job_id, what in sorted(still.items()))
+        sleep(2)
+    return said
 
 
 def _resume(node: str) -> None:

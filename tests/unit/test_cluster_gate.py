@@ -1,8 +1,9 @@
-"""The cluster tests' node gate: which sinfo states count as out of service (no Slurm needed)."""
+"""The cluster tests' gate: which sinfo states count as out of service, and the jobs an earlier test left (no Slurm
+needed)."""
 
 from __future__ import annotations
 
-from tests.conftest import _kill_task_failed, _out_of_service, _wait_in_service
+from tests.conftest import _clear_leftovers, _job_rows, _kill_task_failed, _out_of_service, _wait_in_service
 
 
 def test_states_that_take_jobs_pass() -> None:
@@ -74,3 +75,40 @@ def test_the_gate_resumes_a_node_drained_for_kill_task_failed_and_the_test_runs(
     assert _wait_in_service(clock.read, 150, gave_up, resume=resumed.append, clock=lambda: clock.now,
                             sleep=clock.sleep) is None
     assert resumed == ["nodeb"] and clock.reads == 2 and gave_up == set()
+
+
+LEFT = "4113|root|RUNNING|w-blocker3\n4120|slurmhet-noise|PENDING|wrap\n"
+
+
+def test_queue_rows_name_each_job_once_by_its_id() -> None:
+    assert _job_rows(LEFT + "\n") == {"4113": "root RUNNING w-blocker3", "4120": "slurmhet-noise PENDING wrap"}
+    assert _job_rows("") == {}
+
+
+def test_an_empty_queue_cancels_nothing() -> None:
+    clock, cancelled = _Clock([""]), list[list[str]]()
+    assert _clear_leftovers(clock.read, cancelled.append, 240, set(), clock=lambda: clock.now,
+                            sleep=clock.sleep) is None
+    assert cancelled == [] and clock.reads == 1
+
+
+def test_jobs_an_earlier_test_left_are_cancelled_and_waited_for_until_gone() -> None:
+    clock, cancelled, waited = _Clock([LEFT, "4113|root|COMPLETING|w-blocker3\n", ""]), list[list[str]](), set[str]()
+    said = _clear_leftovers(clock.read, cancelled.append, 240, waited, clock=lambda: clock.now, sleep=clock.sleep)
+    assert cancelled == [["4113", "4120"]]
+    assert said == ("dev cluster: cancelled job(s) an earlier test left in the queue: 4113 (root RUNNING w-blocker3); "
+                    "4120 (slurmhet-noise PENDING wrap)")
+    assert clock.reads == 3 and clock.now == 2 and waited == set()
+
+
+def test_a_job_that_outlasts_the_wait_is_named_and_not_waited_for_again() -> None:
+    stuck, waited = "4113|root|COMPLETING|w-blocker3\n", set[str]()
+    clock, cancelled = _Clock([stuck]), list[list[str]]()
+    said = _clear_leftovers(clock.read, cancelled.append, 240, waited, clock=lambda: clock.now, sleep=clock.sleep)
+    assert said is not None and said.endswith("; still there after 240s: 4113 (root COMPLETING w-blocker3)")
+    assert waited == {"4113"} and 240 < clock.now <= 244
+
+    again = _Clock([stuck])  # the next test: cancelled again, but no second wait for the same job
+    said = _clear_leftovers(again.read, cancelled.append, 240, waited, clock=lambda: again.now, sleep=again.sleep)
+    assert said == "dev cluster: cancelled job(s) an earlier test left in the queue: 4113 (root COMPLETING w-blocker3)"
+    assert again.reads == 2 and again.now == 0
