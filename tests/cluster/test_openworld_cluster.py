@@ -402,15 +402,17 @@ def test_a_qos_min_prio_threshold_above_a_blocked_jobs_priority_lets_lower_jobs_
         forecast = world.reserve.reserves(record.eligible.timestamp() if record.eligible else None, record.priority,
                                           time.time(), read)
         assert forecast is not above
-        low = sbatch_foreign("--gres=gpu:v100:1", "-p", "v100", "-t", "30", "--wrap", "sleep 300")
+        # Low from submission on: a job submitted at the user's own (higher) priority and lowered after can
+        # start at submit time, before the update lands (CI saw that on 24.11, 1 ms apart).
+        low = sbatch_foreign("--gres=gpu:v100:1", "-p", "v100", "-t", "30", "--nice=100000", "--wrap", "sleep 300")
         leftovers.append(low)
-        subprocess.run(["scontrol", "update", f"jobid={low}", "priority=1"], capture_output=True, timeout=30,
-                       check=True)
-        if above:  # ours reserves nothing: the priority-1 job takes the free v100 at once
+        (low_record,) = SLURM.queue([low])
+        assert low_record.priority < record.priority, (low_record, record)
+        if above:  # ours reserves nothing: the lower job takes the free v100 at once
             wait_slurm(low, ("RUNNING",), timeout=30)
         else:  # ours holds the v100s; the 1-v100 job would delay it (30 min > the holder's 10), so it waits
             time.sleep(10)
-            assert squeue_state(low)[0] == "PENDING"
+            assert squeue_state(low)[0] == "PENDING", squeue_state(low)
     finally:
         if above:
             subprocess.run(["sacctmgr", "-i", "modify", "qos", record.qos, "set", "MinPrioThresh=-1"],
