@@ -82,6 +82,20 @@ def _memory(inventory: Inventory, node: str, gpu_type: str, table: ThroughputTab
     return inventory.node(node).gpu_memory_gb.get(gpu_type) or table.gpu_memory_gb.get(gpu_type)
 
 
+def type_memory(inventory: Inventory, gpu_type: str, table: ThroughputTable) -> float | None:
+    """The least memory of a GPU of ``gpu_type`` on any node (None if unknown anywhere): a group that fits it
+    fits every GPU of the type."""
+    sizes = [_memory(inventory, n.name, gpu_type, table) for n in inventory.nodes if n.gpus.get(gpu_type, 0) > 0]
+    return None if not sizes or any(s is None for s in sizes) else min(sizes)  # type: ignore[type-var]
+
+
+def fits_memory(jobs: Sequence[PlanJob], gpu_type: str, memory: float | None) -> bool:
+    """Whether ``jobs`` may share one GPU of ``gpu_type`` with ``memory`` GB: each allows the type and their
+    declared memory fits."""
+    return (memory is not None and all(not j.allowed_types or gpu_type in j.allowed_types for j in jobs)
+            and sum(j.gpu_memory_gb or 0 for j in jobs) <= memory)
+
+
 def colocate(hosts: Sequence[JobPlan], jobs: Mapping[str, PlanJob], candidates: Sequence[PlanJob],
              table: ThroughputTable, inventory: Inventory, settings: ColocationSettings) -> list[ColocationGroup]:
     """Algorithm 2: put waiting candidates onto GPUs that already run one eligible job."""

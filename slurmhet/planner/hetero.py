@@ -413,7 +413,7 @@ def pack_in_place(problem: Problem, counts: list[np.ndarray],
     return placed, placed_failed, value
 
 
-def _benefits(problem: Problem, counts: list[np.ndarray], single_ok: list[bool]) -> list[float]:
+def single_node_benefits(problem: Problem, counts: list[np.ndarray], single_ok: list[bool]) -> list[float]:
     """What each job gains from sitting on one node (0 when it may not or cannot): the packer's order."""
     return [problem.cost(j, x, False) - problem.cost(j, x, True) if ok and problem.fits_one_node(x) else 0.0
             for j, (x, ok) in enumerate(zip(counts, single_ok))]
@@ -437,7 +437,7 @@ def _exact(problem: Problem) -> tuple[float, list[dict[tuple[int, int], int]]] |
     if solved is None:
         return None
     counts = [x for x, _, _ in solved[1]]
-    slots, _, value = pack_in_place(problem, counts, _benefits(problem, counts, [n is not None for _, n, _ in solved[1]]))
+    slots, _, value = pack_in_place(problem, counts, single_node_benefits(problem, counts, [n is not None for _, n, _ in solved[1]]))
     return value, slots
 
 
@@ -453,7 +453,7 @@ def allocate(problem: Problem, progress: Progress | None = None) -> list[dict[tu
             progress(round_, PACK_ROUNDS, "slurmhet: exchange + packing")
         search.exchange()
         counts = [search.x[j].copy() for j in range(len(search.x))]
-        slots, failed, value = pack_in_place(problem, counts, _benefits(problem, counts, search.single_ok.tolist()))
+        slots, failed, value = pack_in_place(problem, counts, single_node_benefits(problem, counts, search.single_ok.tolist()))
         if best is None or value < best[0] - _TOL * abs(value):
             best = (value, slots)
         if not failed:

@@ -89,6 +89,10 @@ class PlanJob:
     allowed_types: tuple[str, ...] = ()
     weight: float = 1.0
     priority: int = 0
+    #: Admitted right after the jobs with a priority, and run by a revisable plan (``pin_running=False``)
+    #: whatever GPUs are left for it, which its progress ranks like any job's (a critical path's job while
+    #: jobs still arrive, ``planner/critical.py``); a priority also gives a job its fastest GPUs.
+    must_run: bool = False
     colocate: bool = False
     gpu_memory_gb: float | None = None
     submitted_at: float = 0.0

@@ -39,7 +39,7 @@ import numpy as np
 
 from slurmhet.cluster import Inventory, OpenWorld, QueuedAhead
 from slurmhet.errors import InputError
-from slurmhet.planner import colocation
+from slurmhet.planner import colocation, joint
 from slurmhet.planner.model import (
     Allocation, JobPlan, Plan, PlanJob, PlanningInput, Progress, allocation_run_seconds, effective_rate, epoch_seconds,
     is_overdue, job_rates, link_of, run_seconds, shard_weights,
@@ -51,28 +51,29 @@ Allocator = Callable[[Problem, Progress | None], list[Slots]]
 Policy = Callable[..., Plan]
 
 
-def make_policy(name: str, allocator: Allocator, proportional: bool = True) -> Policy:
+def make_policy(name: str, allocator: Allocator, proportional: bool = True, jointly: bool = False) -> Policy:
     """Wrap an allocator into a planner ``(PlanningInput, progress=None) -> Plan``.
 
-    ``proportional=False`` predicts with equal shards (Optimus splits data evenly).
+    ``proportional=False`` predicts with equal shards (Optimus splits data evenly). ``jointly``: a revisable
+    plan (``pin_running=False``) admits by the joint MILP where it is small (``planner/joint.py``).
     """
 
     def policy(inp: PlanningInput, progress: Progress | None = None) -> Plan:
-        return plan_with(name, allocator, inp, progress, proportional)
+        return plan_with(name, allocator, inp, progress, proportional, jointly)
 
     policy.__name__ = f"plan_{name.replace('-', '_')}"
     policy.__doc__ = f"Plan with the {name!r} policy."
     return policy
 
 
-def wspt_key(job: PlanJob, rates: dict[str, float], inter_gbps: float) -> tuple[float, float, float, str]:
-    """Priority first, then GPU-time (predicted run time on ``min_gpus`` of the fastest type, times
-    ``min_gpus``) per unit weight: a gang holds all its GPUs for its whole run, so a wide job delays as
-    many others as a narrow job that long (on ``sjfbco``'s 1-32 GPU gangs run time alone left avg
-    JCT 14% behind SJF-BCO's; bench/README.md)."""
+def wspt_key(job: PlanJob, rates: dict[str, float], inter_gbps: float) -> tuple[float, bool, float, float, str]:
+    """Priority first, then jobs that must run, then GPU-time (predicted run time on ``min_gpus`` of the
+    fastest type, times ``min_gpus``) per unit weight: a gang holds all its GPUs for its whole run, so a
+    wide job delays as many others as a narrow job that long (on ``sjfbco``'s 1-32 GPU gangs run time
+    alone left avg JCT 14% behind SJF-BCO's; bench/README.md)."""
     best = max(rates.values())
     alone = run_seconds(job, best * job.min_gpus, job.min_gpus, inter_gbps)
-    return (-job.priority, alone * job.min_gpus / job.weight, job.submitted_at, job.id)
+    return (-job.priority, not job.must_run, alone * job.min_gpus / job.weight, job.submitted_at, job.id)
 
 
 @dataclass
@@ -94,6 +95,10 @@ class _Context:
     backfilled: list[tuple[PlanJob, Slots]]
     #: Per overdue job, the earliest it could start (:func:`_earliest_starts`): backfill ends by then.
     earliest: dict[str, float]
+    #: The joint MILP's pairs (host, joiner, GPU type) and the admitted jobs' GPUs per type when it admitted
+    #: them (``planner/joint.py``); None: greedy admission, and the allocator chooses the GPUs.
+    pairs: tuple[tuple[str, str, str], ...] | None = None
+    counts: list[np.ndarray] | None = None
 
 
 def build_problem(inp: PlanningInput) -> Problem:
@@ -114,7 +119,7 @@ def _queued_as_waiting(inp: PlanningInput) -> PlanningInput:
         for j in inp.jobs))
 
 
-def _prepare(inp: PlanningInput) -> tuple[Problem, _Context]:
+def _prepare(inp: PlanningInput, jointly: bool = False) -> tuple[Problem, _Context]:
     inventory = inp.inventory.usable()
     types = inventory.gpu_types
     nodes = tuple(n.name for n in inventory.nodes)
@@ -199,12 +204,26 @@ def _prepare(inp: PlanningInput) -> tuple[Problem, _Context]:
             top = min(job.max_gpus, job.min_gpus + slack[job.user])
             slack[job.user] -= top - job.min_gpus
             admitted[i] = replace(job, max_gpus=top) if top != job.max_gpus else job
-    matrix = np.array([[rates[j.id].get(t, 0.0) for t in types] for j in admitted]).reshape(len(admitted), len(types))
-    problem = Problem(tuple(admitted), types, nodes, capacity, matrix, inventory.intra_node_gbps,
-                      inventory.inter_node_gbps, inp.seed, preemptive=not inp.pin_running,
-                      move_penalty=inp.move_penalty)
+    pairs, counts = None, None
+    if jointly and not (inp.pin_running or pinned or overdue or backfilled or caps or waits_for):
+        admission = joint.admit(_problem(pending, rates, capacity, types, nodes, inventory, inp),
+                                [j.id for j in admitted if j.priority > 0 or j.must_run], inp.throughput, inventory,
+                                inp.colocation)
+        if admission is not None:
+            pairs = admission.pairs
+            admitted = [j for j in pending if j.id in admission.run]
+            waiting = [j for j in pending if j.id not in admission.run]
+            counts = [admission.run[j.id] for j in admitted]
+    problem = _problem(admitted, rates, capacity, types, nodes, inventory, inp)
     return problem, _Context(inventory, types, rates, priors, pinned, admitted, waiting, waits_for, overdue,
-                             backfilled, earliest)
+                             backfilled, earliest, pairs, counts)
+
+
+def _problem(jobs: Sequence[PlanJob], rates: Mapping[str, dict[str, float]], capacity: np.ndarray,
+             types: tuple[str, ...], nodes: tuple[str, ...], inventory: Inventory, inp: PlanningInput) -> Problem:
+    matrix = np.array([[rates[j.id].get(t, 0.0) for t in types] for j in jobs]).reshape(len(jobs), len(types))
+    return Problem(tuple(jobs), types, nodes, capacity, matrix, inventory.intra_node_gbps, inventory.inter_node_gbps,
+                   inp.seed, preemptive=not inp.pin_running, move_penalty=inp.move_penalty)
 
 
 def _earliest_starts(jobs: Sequence[PlanJob], rates: Mapping[str, dict[str, float]], types: tuple[str, ...],
@@ -357,12 +376,15 @@ def _take_from_nodes(capacity: np.ndarray, t: int, count: int) -> np.ndarray:
 
 
 def plan_with(name: str, allocator: Allocator, inp: PlanningInput, progress: Progress | None,
-              proportional: bool = True) -> Plan:
+              proportional: bool = True, jointly: bool = False) -> Plan:
     inp = _queued_as_waiting(inp)
-    problem, ctx = _prepare(inp)
+    problem, ctx = _prepare(inp, jointly)
     inventory, types, rates, priors = ctx.inventory, ctx.types, ctx.rates, ctx.priors
     pinned, admitted, waiting = ctx.pinned, ctx.admitted, ctx.waiting
-    slots = allocator(problem, progress) if admitted else []
+    if ctx.counts is not None:
+        slots = joint.place(problem, ctx.counts)
+    else:
+        slots = allocator(problem, progress) if admitted else []
     _verify(name, problem, slots)
     plans: dict[str, JobPlan] = {}
     order = 0
@@ -378,10 +400,13 @@ def plan_with(name: str, allocator: Allocator, inp: PlanningInput, progress: Pro
                                   proportional=proportional)
         order += 1
     by_id = {j.id: j for j in inp.jobs}
-    groups = colocation.colocate(
-        hosts=[plans[j.id] for j in pinned + admitted if plans[j.id].allocation and plans[j.id].allocation.gpus == 1],
-        jobs=by_id, candidates=waiting, table=inp.throughput, inventory=inventory, settings=inp.colocation,
-    )
+    if ctx.pairs is not None:  # the joint MILP chose who shares a GPU, and that no one else should
+        groups = joint.groups(ctx.pairs, plans, by_id, inp.throughput, inp.colocation)
+    else:
+        groups = colocation.colocate(
+            hosts=[plans[j.id] for j in pinned + admitted if plans[j.id].allocation and plans[j.id].allocation.gpus == 1],
+            jobs=by_id, candidates=waiting, table=inp.throughput, inventory=inventory, settings=inp.colocation,
+        )
     for group in groups:
         for job_id, plan in colocation.apply_group(group, plans, by_id, order, inp.throughput,
                                                    inventory.inter_node_gbps).items():

@@ -15,7 +15,7 @@ from slurmhet.planner.pipeline import Policy, make_policy
 DEFAULT_POLICY = "slurmhet"
 
 POLICIES: Mapping[str, Policy] = {
-    "slurmhet": make_policy("slurmhet", hetero.allocate),
+    "slurmhet": make_policy("slurmhet", hetero.allocate, jointly=True),
     "has": make_policy("has", has.has),
     "jps-20": make_policy("jps-20", jps.jps_policy(20)),
     "jps-40": make_policy("jps-40", jps.jps_policy(40)),

@@ -170,11 +170,11 @@ def test_report_json_and_plots(tmp_path) -> None:
 
 
 def test_a_wait_limit_stops_a_stream_of_narrow_jobs_from_starving_a_wide_one() -> None:
-    # Two v100s; a 2-GPU job of 100 s and, from 0, a 1-GPU job of 100 s every 50 s, each with less GPU-time
-    # than the wide one: they keep both GPUs busy until the stream ends, so the wide job starts at 1,050 s.
-    # With a 300 s limit it is overdue at 300 s, goes first, and once started keeps its GPUs.
+    # Two v100s; a 2-GPU job of 100 s and, from 0, a 1-GPU job of 100 s every 50 s (two at 0), each with less
+    # GPU-time than the wide one: they keep both GPUs busy until the stream ends, so the wide job starts at
+    # 1,000 s. With a 300 s limit it is overdue at 300 s, goes first, and once started keeps its GPUs.
     inventory = Inventory((Node("a", {"v100": 2}),))
-    jobs = [TraceJob(0, "x", 2, 0.0, 200.0)] + [TraceJob(i, "x", 1, 50.0 * (i - 1), 100.0) for i in range(1, 21)]
+    jobs = [TraceJob(0, "x", 2, 0.0, 200.0)] + [TraceJob(i, "x", 1, 50.0 * max(i - 2, 0), 100.0) for i in range(1, 22)]
     source = tiny({"x": {"v100": 1.0}}).source
 
     def wide(max_wait_s: float | None) -> tuple[float, float]:
@@ -182,7 +182,7 @@ def test_a_wait_limit_stops_a_stream_of_narrow_jobs_from_starving_a_wide_one() -
         (record,) = [r for r in report.runs["slurmhet"].records if r.job_id == 0]
         return record.first_start, record.finish
 
-    assert wide(None) == (1050.0, 1150.0)
+    assert wide(None) == (1000.0, 1100.0)
     assert wide(300.0) == (300.0, 400.0)
 
 

@@ -25,9 +25,10 @@ def finishes(run_) -> dict[int, float]:
     return {r.job_id: round(r.finish, 6) for r in run_.records}
 
 EXPECTED = {
-    # The shipped planner: bound max((100 + 50) / 2, 100) = 100 s, so job 0 is critical and outranks
-    # job 1 for the V100 (ends 100); job 1 takes the K80 (ends 100).
-    "slurmhet": {0: 100.0, 1: 100.0},
+    # The shipped planner: bound max((100 + 50) / 2, 100) = 100 s, so job 0 is critical; its arrival is not
+    # that bound ago, so it must run but does not outrank job 1 for the V100. Job 1 (less work left) takes the
+    # V100 and ends at 50; job 0 runs 50 steps on the K80, then moves to the V100: 50 + 10 + 150 / 2 = 135.
+    "slurmhet": {1: 50.0, 0: 135.0},
     # H lists job 1 first (V100), job 0 takes the K80; at 50 job 0 is re-listed onto the V100
     # (50 steps done): 50 + 10 + 150 / 2 = 135.
     "hare": {1: 50.0, 0: 135.0},
@@ -83,22 +84,26 @@ def test_rand_runs_both_jobs_one_per_gpu_queue() -> None:
     assert set(done) == {0, 1} and max(done.values()) in (100.0, 150.0, 200.0, 300.0)
 
 
-def test_slurmhet_runs_the_critical_job_first_then_smith_order() -> None:
+def test_slurmhet_runs_the_critical_job_at_once_and_takes_its_fastest_gpus_once_arrivals_stop() -> None:
     jobs, inventory, rates = _instance()
     jobs = [jobs[0], TraceJob(1, "x", 1, 0.0, 20.0), TraceJob(2, "x", 1, 0.0, 20.0)]
-    # Bound (100 + 10 + 10) / 2 = 60: only job 0 is critical and takes the V100 (ends 100);
-    # jobs 1 and 2 share the K80 in Smith order: 20, then 40.
-    assert finishes(run("slurmhet", jobs, inventory, rates, restart_s=10.0)) == {1: 20.0, 2: 40.0, 0: 100.0}
+    # Bound max((100 + 10 + 10) / 2, 100) = 100: job 0 is critical. Jobs arrived 0 s ago, less than the bound,
+    # so it must run but the V100 goes by progress: job 1 (10 s left) there, ends 10; job 0 on the K80.
+    # At 10 job 2 takes the V100 (ends 20). At 20 (180 steps left, 90 s: arrivals 20 s ago) job 0 moves
+    # to the V100: 20 + 10 + 90 = 120.
+    assert finishes(run("slurmhet", jobs, inventory, rates, restart_s=10.0)) == {1: 10.0, 2: 20.0, 0: 120.0}
 
 
 def test_slurmhet_a_job_with_slack_waits_until_it_is_critical() -> None:
     jobs, inventory, rates = _instance()
     jobs = [TraceJob(0, "x", 1, 0.0, 120.0), TraceJob(1, "x", 1, 0.0, 100.0), TraceJob(2, "x", 1, 0.0, 100.0)]
-    # Bound max((60 + 50 + 50) / 2, 60) = 80; job 0 (60 s on the V100) is below 0.8 * 80 = 64, so it has
-    # slack and waits (Smith order); job 1 takes the V100 (ends 50), job 2 the K80. At 50 the bound is
-    # max((60 + 25) / 2, 60) = 60 and job 0 is critical: it takes the V100 (ends 110) and job 2, which
-    # SRPT-FM alone would move there, keeps its K80 (50 steps left, ends 100).
-    assert finishes(run("slurmhet", jobs, inventory, rates, restart_s=10.0)) == {1: 50.0, 2: 100.0, 0: 110.0}
+    # Bound max((60 + 50 + 50) / 2, 60) = 80; job 0 (60 s on the V100) is below 0.95 * 80 = 76, so it has
+    # slack and waits; job 1 takes the V100 (ends 50), job 2 the K80. At 50 the bound is
+    # max((60 + 25) / 2, 60) = 60 and job 0 is critical, but the jobs arrived 50 s ago, less than that: it
+    # must run, and job 2 (25 s left) takes the V100 (restart 10, ends 85) while job 0 runs on the K80
+    # (35 steps). At 85 the arrivals are 85 s ago, more than job 0's 42.5 s: it takes the V100,
+    # 85 + 10 + 85 / 2 = 137.5.
+    assert finishes(run("slurmhet", jobs, inventory, rates, restart_s=10.0)) == {1: 50.0, 2: 85.0, 0: 137.5}
 
 
 def test_slurmhet_runs_the_shipped_planner_on_the_engine_rates() -> None:
@@ -198,4 +203,4 @@ def test_a_ratio_over_a_zero_metric_is_none_not_nan() -> None:
     jobs, inventory, rates = _instance()
     policies = {p: TIME_POLICIES[p](seed=0, round_s=60.0) for p in ("slurmhet", "srtf")}
     ratios = run_policies(jobs, inventory, rates, policies, SimConfig(restart_s=10.0)).ratios("slurmhet")
-    assert ratios["srtf"]["avg_queue"] is None and ratios["srtf"]["makespan"] == 2.0
+    assert ratios["srtf"]["avg_queue"] is None and ratios["srtf"]["makespan"] == round(200.0 / 135.0, 4)
