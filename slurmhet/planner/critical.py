@@ -31,12 +31,11 @@ measure is what the replanner ships.
   at least the makespan bound ago); before that they only must run (``PlanJob.must_run``), on the GPUs
   their progress earns them. While jobs arrive, the longest job present is critical at nearly every
   decision, and a later arrival sets the makespan anyway (max_min_fairness's last job arrives at 46,317 s
-  and ends it): the fastest GPUs kept for the longest job cost avg JCT 11,831 s there against 11,571 s
-  (generated 3 jobs/h: 65,306 against 64,548 s), while minimize_makespan's batch needs them for its
-  longest jobs at its end (must-run throughout: makespan 69,187 s, 0.990 of Gavel's own, against
-  65,077 s). A live plan keeps the priority throughout.
-- When load sets the makespan of a kept plan (a live cluster's; the fluid LP of ``planner/fluid.py``
-  gives at least ``LOAD_BOUND`` (1.25) times the longest job's time), each job that is not critical may
+  and ends it): the V100s kept for the longest job cost avg JCT 11,925 s there against 11,654 s, while
+  minimize_makespan's batch needs the fastest GPUs for its longest jobs once the booked phase ends (only
+  must-run: makespan 73,593 s, 0.93 of Gavel's own). A live plan keeps the priority throughout.
+- When load sets the makespan (the fluid LP of ``planner/fluid.py`` gives at least
+  ``LOAD_BOUND`` (1.25) times the longest job's time), each job that is not critical may
   use only the types that LP books for it, and the critical path is then taken on those
   types (a long job booked on slow GPUs is timed there, so it starts on them in time). The
   K80-friendly long jobs start on the K80s instead of the short jobs that crawl there
@@ -177,17 +176,14 @@ def booked_types(inp: PlanningInput, times: Mapping[str, Mapping[str, tuple[floa
 
 def with_critical_path(inp: PlanningInput, share: float = CRITICAL_SHARE,
                        load_bound: float = LOAD_BOUND) -> PlanningInput:
-    """``inp`` with, when load sets the makespan of a kept plan, each job that is not critical narrowed to the
-    types the fluid LP books for it, and then the critical jobs' ranks (on the narrowed types) merged into every
-    job's priority (in a revisable plan, until arrivals stop, marked ``must_run`` instead).
+    """``inp`` with, when load sets the makespan, each job that is not critical narrowed to the types the fluid
+    LP books for it, and then the critical jobs' ranks (on the narrowed types) merged into every job's priority.
 
-    A running job that stays pinned (``pin_running``) keeps its types: it runs where it runs. A revisable plan
-    is not narrowed: its joint admission (``planner/joint.py``) gives each type to the jobs whose progress it
-    raises most, and the booking on top of it cost minimize_makespan both avg JCT and makespan (bench/README.md).
+    A running job that stays pinned (``pin_running``) keeps its types: it runs where it runs.
     """
     packed: dict[tuple[str, int], Allocation | None] = {}
     times = {job.id: packed_times(job, inp, packed) for job in inp.jobs}
-    booked = booked_types(inp, times, load_bound) if inp.pin_running else {}
+    booked = booked_types(inp, times, load_bound)
     if booked:
         first = critical_ranks(inp, share, times)
         narrowed = {job.id: booked[job.id] for job in inp.jobs
