@@ -26,10 +26,10 @@ measure is what the replanner ships.
   too late for minimize_makespan's makespan.
 - A user's ``priority`` still orders first: the merged priority is
   ``user x (n + 1) + rank`` with rank 0 (not critical) or 1..n (critical, longest n).
-- A revisable plan (``pin_running=False``, the simulator's) gives critical jobs that priority, and with
-  it their fastest GPUs, only once arrivals have stopped (:func:`arrivals_over`: the newest job arrived
-  at least the makespan bound ago); before that they only must run (``PlanJob.must_run``), on the GPUs
-  their progress earns them. While jobs arrive, the longest job present is critical at nearly every
+- A revisable plan's joint admission (``pin_running=False``, the simulator's; ``planner/joint.py``)
+  gives critical jobs their fastest GPUs only once arrivals have stopped (:func:`arrivals_over`: the
+  newest job arrived at least the makespan bound ago); before that they only must run
+  (``PlanJob.must_run``), on the GPUs their progress earns them. While jobs arrive, the longest job present is critical at nearly every
   decision, and a later arrival sets the makespan anyway (max_min_fairness's last job arrives at 46,317 s
   and ends it): the V100s kept for the longest job cost avg JCT 11,925 s there against 11,654 s, while
   minimize_makespan's batch needs the fastest GPUs for its longest jobs once the booked phase ends (only
@@ -197,8 +197,8 @@ def with_critical_path(inp: PlanningInput, share: float = CRITICAL_SHARE,
     ranks = critical_ranks(inp, share, times)
     if not ranks:
         return inp
-    if not inp.pin_running and not arrivals_over(inp, times):
-        return replace(inp, jobs=tuple(replace(job, must_run=True) if job.id in ranks else job for job in inp.jobs))
+    arriving = not inp.pin_running and not arrivals_over(inp, times)
     scale = len(inp.jobs) + 1
-    jobs = tuple(replace(job, priority=job.priority * scale + ranks.get(job.id, 0)) for job in inp.jobs)
+    jobs = tuple(replace(job, priority=job.priority * scale + ranks.get(job.id, 0),
+                         must_run=arriving and job.id in ranks) for job in inp.jobs)
     return replace(inp, jobs=jobs)

@@ -37,6 +37,11 @@ from slurmhet.planner.problem import Problem
 from slurmhet.planner.solver import highs
 from slurmhet.throughput import ThroughputTable
 
+#: A gang of ``k`` GPUs weighs ``k^GANG_EXPONENT`` times its own progress share: a job's term is one share however
+#: many GPUs it holds, so per GPU a gang counts ``1/k`` of a single-GPU job with as much work left, and a short
+#: gang of 8 crawled on K80s while longer single-GPU jobs kept the V100s. Measured at 0, 0.25, 0.5 and 0.75 on
+#: Gavel's traces (bench/README.md, "Joint admission").
+GANG_EXPONENT = 0.25
 #: No joint MILP above this many columns (choices), pairs included; greedy admission then.
 MAX_COLUMNS = 20_000
 #: Proven optimal within this many seconds, or greedy admission.
@@ -115,7 +120,7 @@ def admit(problem: Problem, forced: Collection[str], table: ThroughputTable, inv
     choices = []
     for j in range(len(jobs)):
         for x in count_vectors(problem.hi[j], problem.allowed[j], problem.type_capacity):
-            value = -problem.cost(j, x, problem.fits_one_node(x))
+            value = -problem.cost(j, x, problem.fits_one_node(x)) * problem.hi[j] ** GANG_EXPONENT
             if math.isfinite(value):
                 choices.append(Choice((j,), x, value))
             if len(choices) > MAX_COLUMNS:

@@ -89,9 +89,9 @@ class PlanJob:
     allowed_types: tuple[str, ...] = ()
     weight: float = 1.0
     priority: int = 0
-    #: Admitted right after the jobs with a priority, and run by a revisable plan (``pin_running=False``)
-    #: whatever GPUs are left for it, which its progress ranks like any job's (a critical path's job while
-    #: jobs still arrive, ``planner/critical.py``); a priority also gives a job its fastest GPUs.
+    #: Its priority is a critical path's while jobs still arrive (``planner/critical.py``): the joint admission
+    #: of a revisable plan (``planner/joint.py``) runs it, but gives it GPUs by its progress like any job's;
+    #: greedy admission and the allocator rank it by its priority as any other.
     must_run: bool = False
     colocate: bool = False
     gpu_memory_gb: float | None = None

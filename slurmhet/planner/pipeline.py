@@ -66,14 +66,14 @@ def make_policy(name: str, allocator: Allocator, proportional: bool = True, join
     return policy
 
 
-def wspt_key(job: PlanJob, rates: dict[str, float], inter_gbps: float) -> tuple[float, bool, float, float, str]:
-    """Priority first, then jobs that must run, then GPU-time (predicted run time on ``min_gpus`` of the
+def wspt_key(job: PlanJob, rates: dict[str, float], inter_gbps: float) -> tuple[float, float, float, str]:
+    """Priority first, then GPU-time (predicted run time on ``min_gpus`` of the
     fastest type, times ``min_gpus``) per unit weight: a gang holds all its GPUs for its whole run, so a
     wide job delays as many others as a narrow job that long (on ``sjfbco``'s 1-32 GPU gangs run time
     alone left avg JCT 14% behind SJF-BCO's; bench/README.md)."""
     best = max(rates.values())
     alone = run_seconds(job, best * job.min_gpus, job.min_gpus, inter_gbps)
-    return (-job.priority, not job.must_run, alone * job.min_gpus / job.weight, job.submitted_at, job.id)
+    return (-job.priority, alone * job.min_gpus / job.weight, job.submitted_at, job.id)
 
 
 @dataclass
@@ -206,9 +206,10 @@ def _prepare(inp: PlanningInput, jointly: bool = False) -> tuple[Problem, _Conte
             admitted[i] = replace(job, max_gpus=top) if top != job.max_gpus else job
     pairs, counts = None, None
     if jointly and not (inp.pin_running or pinned or overdue or backfilled or caps or waits_for):
-        admission = joint.admit(_problem(pending, rates, capacity, types, nodes, inventory, inp),
-                                [j.id for j in admitted if j.priority > 0 or j.must_run], inp.throughput, inventory,
-                                inp.colocation)
+        # Every job with a priority that greedy admission let in runs; a must-run job's GPUs go by its progress.
+        candidates = [replace(j, priority=0) if j.must_run else j for j in pending]
+        admission = joint.admit(_problem(candidates, rates, capacity, types, nodes, inventory, inp),
+                                [j.id for j in admitted if j.priority > 0], inp.throughput, inventory, inp.colocation)
         if admission is not None:
             pairs = admission.pairs
             admitted = [j for j in pending if j.id in admission.run]

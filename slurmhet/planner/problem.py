@@ -21,12 +21,8 @@ The objective depends on whether the plan is final for the jobs it starts:
   (comparative advantage, as Gavel's policies spend GPUs). Admission already runs
   the smallest jobs first, so the type choice among admitted jobs leans to the
   second (0.25; bench/README.md has both ends measured). Ties still go to the
-  job with less work left. A gang of ``k`` GPUs weighs ``k^0.25`` times a
-  single-GPU job (``GANG_EXPONENT``): its term is one share however many GPUs
-  it holds, so without it a gang's progress counts ``1/k`` per GPU and a short
-  gang of 8 crawls on K80s while 8 longer single-GPU jobs keep the V100s. Jobs
-  with a priority (critical ones at the end of a queue) outrank every other
-  job, as in admission, so they keep their fastest GPUs.
+  job with less work left. Jobs with a priority (critical ones) outrank every
+  other job, as in admission, so they keep their fastest GPUs.
   A running job whose counts change loses ``move_penalty`` of its term (the restart
   it pays before the next decision), so the plan moves a job only when that pays.
 """
@@ -44,10 +40,6 @@ from slurmhet.planner.model import Allocation, PlanJob
 #: weighted JCT of seed 000's elastic jobs, whose GPU counts only remaining time can rank. With admission by
 #: GPU-time, 0.5 left generated 1 job/h and scale-10k's 2,048 x 1,024 plan behind 0.25 (bench/README.md).
 SRPT_EXPONENT = 0.25
-#: Preemptive objective: a gang of ``k`` GPUs weighs ``k^GANG_EXPONENT`` times a single-GPU job with as much work
-#: left, so per GPU it counts ``k^(GANG_EXPONENT - 1)`` (module doc). Measured with the joint admission
-#: (``planner/joint.py``) at 0, 0.25, 0.5 and 0.75 on Gavel's traces (bench/README.md, "Joint admission").
-GANG_EXPONENT = 0.25
 
 
 @dataclass
@@ -90,8 +82,7 @@ class Problem:
         #: best rate; priority jobs get 1 + priority and outrank the others.
         self._best_time = [self.run_time(j, max(r) * lo, lo, True) for j, (r, lo) in
                            enumerate(zip(self._rate_rows, self._lo))] if self.preemptive else []
-        index = [w * t ** -SRPT_EXPONENT * k ** GANG_EXPONENT
-                 for w, t, k in zip(self._weight_list, self._best_time, self._lo)]
+        index = [w * t ** -SRPT_EXPONENT for w, t in zip(self._weight_list, self._best_time)]
         top = max(index, default=0.0) or 1.0
         self._index = [1.0 + job.priority if job.priority > 0 else v / top for v, job in zip(index, self.jobs)]
         #: Running jobs' current counts, for the move penalty (None: not running here, or no penalty).

@@ -24,12 +24,15 @@ State -> PlanningInput
   (seed 004's f(alpha, k) and xi2); the engine charges both.
 - GPUs: ``min_gpus = max_gpus`` = the trace's scale (``min_gpus = 1`` with ``elastic``); allowed types are those where the
   engine's rate is positive (e.g. no out-of-memory types); weight and arrival as traced.
-- Ordering: the pipeline admits jobs in priority, then weighted smallest-GPU-time (run time on the
-  minimum GPUs times that minimum) order, and the input goes through ``critical.with_critical_path``
-  first, as in ``slurmhet replan``: jobs on the critical path get priorities, longest first, so that
-  no long job sets the makespan by starting last (``critical_share``; the rule and its numbers are
-  in ``planner/critical.py`` and bench/README.md); when load sets the makespan, the other jobs keep
-  to the types the fluid LP books for them (``load_bound``, ``planner/fluid.py``).
+- Ordering: the input goes through ``critical.with_critical_path`` first, as in ``slurmhet
+  replan``: jobs on the critical path get priorities, longest first, so that no long job sets the
+  makespan by starting last (``critical_share``; the rule and its numbers are in
+  ``planner/critical.py`` and bench/README.md); when load sets the makespan, the other jobs keep
+  to the types the fluid LP books for them (``load_bound``, ``planner/fluid.py``). Who runs, on
+  which type, and which single-GPU jobs share a GPU is then one MILP over every job
+  (``planner/joint.py``) where the decision is small and rigid, critical jobs forced in (their
+  fastest GPUs only once arrivals stop); elsewhere the pipeline admits in priority, then weighted
+  smallest-GPU-time (run time on the minimum GPUs times that minimum) order.
 - Objective: with ``migrate`` the plan is revised at every decision, so the planner runs
   in its preemptive mode (``pin_running=False``): it maximises weighted progress now, each
   job's share of its best rate weighted by how little work it has left, which hands each
@@ -50,8 +53,9 @@ State -> PlanningInput
   pass the planner's memory check, and groups are pairs (``max_group = 2``) because
   only pairs are measured. The table carries the measured pairs as the engine prices
   them (``RateModel.colocated_rates``), so ``colocation.speedup`` predicts the rates
-  the engine will apply; with no kernel profiles, each waiting job joins the running
-  job it pairs best with (``colocation._join_best_pairs``).
+  the engine will apply; the joint MILP weighs every pair on every type against running
+  its members alone (where it does not run, each waiting job joins the running job it
+  pairs best with, ``colocation._join_best_pairs``).
 
 Plan -> placements: a JobPlan with an allocation runs on exactly its Allocation slots
 (node, type, count) as one gang; jobs without one wait (are paused). Jobs with the same

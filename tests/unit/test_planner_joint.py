@@ -87,7 +87,7 @@ def test_a_critical_job_must_run_while_jobs_arrive_and_takes_its_fastest_gpus_on
     table = ThroughputTable.from_rates({"w": {"v100": 2.0, "k80": 1.0}})
     jobs = (single("long", "w", 200.0), single("s1", "w", 20.0), single("s2", "w", 20.0))
     arriving = with_critical_path(PlanningInput(jobs, ONE_EACH, table, now=50.0, pin_running=False))
-    assert [(j.id, j.priority, j.must_run) for j in arriving.jobs] == [("long", 0, True), ("s1", 0, False),
+    assert [(j.id, j.priority, j.must_run) for j in arriving.jobs] == [("long", 1, True), ("s1", 0, False),
                                                                         ("s2", 0, False)]
     plan = POLICIES["slurmhet"](arriving)
     assert plan.job("long").allocation.by_type() == {"k80": 1}  # it runs; s1 takes the V100 by progress
@@ -98,3 +98,21 @@ def test_a_critical_job_must_run_while_jobs_arrive_and_takes_its_fastest_gpus_on
     # A live plan (pinned) gives the priority whenever.
     live = with_critical_path(PlanningInput(jobs, ONE_EACH, table, now=50.0))
     assert [(j.priority, j.must_run) for j in live.jobs] == [(1, False), (0, False), (0, False)]
+
+
+def test_a_short_gang_weighs_k_to_the_quarter_so_it_is_not_starved_by_longer_single_gpu_jobs(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Two V100s, one K80 where everything crawls (0.1 of its rate). A 2-GPU gang with 10 s left, two single-GPU
+    # jobs with 100 s. Index (1/T*)^0.25: gang 10^-.25 x 2^0.25 = 0.669 (+ a single on the K80, 0.1 x 0.316)
+    # = 0.70 beats both singles on the V100s, 2 x 0.316 = 0.632; weighed as one share (2^0), 0.594 does not.
+    from slurmhet.planner import joint
+
+    table = ThroughputTable.from_rates({"g": {"v100": 1.0, "k80": 0.1}, "s": {"v100": 1.0, "k80": 0.1}})
+    inv = Inventory((Node("a", {"v100": 2}), Node("b", {"k80": 1})))
+    jobs = (PlanJob("gang", "g", 20.0, 2, min_gpus=2, max_gpus=2), single("s1", "s", 100.0), single("s2", "s", 100.0))
+    plan = POLICIES["slurmhet"](PlanningInput(jobs, inv, table, pin_running=False))
+    assert plan.job("gang").allocation.by_type() == {"v100": 2}
+    monkeypatch.setattr(joint, "GANG_EXPONENT", 0.0)
+    plan = POLICIES["slurmhet"](PlanningInput(jobs, inv, table, pin_running=False))
+    assert plan.job("gang").allocation is None
+    assert {plan.job(j).allocation.by_type()["v100"] for j in ("s1", "s2")} == {1}
