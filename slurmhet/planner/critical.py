@@ -29,11 +29,12 @@ measure is what the replanner ships.
 - A revisable plan's joint admission (``pin_running=False``, the simulator's; ``planner/joint.py``)
   gives critical jobs their fastest GPUs only once arrivals have stopped (:func:`arrivals_over`: the
   newest job arrived at least the makespan bound ago); before that they only must run
-  (``PlanJob.must_run``), on the GPUs their progress earns them. While jobs arrive, the longest job present is critical at nearly every
-  decision, and a later arrival sets the makespan anyway (max_min_fairness's last job arrives at 46,317 s
-  and ends it): the V100s kept for the longest job cost avg JCT 11,925 s there against 11,654 s, while
-  minimize_makespan's batch needs the fastest GPUs for its longest jobs once the booked phase ends (only
-  must-run: makespan 73,593 s, 0.93 of Gavel's own). A live plan keeps the priority throughout.
+  (``PlanJob.must_run``), on the GPUs their progress earns them. While jobs arrive, the longest job
+  present is critical at nearly every decision, and a later arrival sets the makespan anyway
+  (max_min_fairness's last job arrives at 46,317 s and ends it): with gangs weighed 1, the fastest
+  GPUs kept for critical jobs throughout cost avg JCT 11,925 s there against 11,654 s with this rule,
+  while minimize_makespan's batch needs them for its longest jobs at its end (must-run throughout:
+  makespan 73,593 s, 0.931 of Gavel's own, against 68,271 s). A live plan keeps the priority throughout.
 - When load sets the makespan (the fluid LP of ``planner/fluid.py`` gives at least
   ``LOAD_BOUND`` (1.25) times the longest job's time), each job that is not critical may
   use only the types that LP books for it, and the critical path is then taken on those

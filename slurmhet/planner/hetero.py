@@ -437,7 +437,8 @@ def _exact(problem: Problem) -> tuple[float, list[dict[tuple[int, int], int]]] |
     if solved is None:
         return None
     counts = [x for x, _, _ in solved[1]]
-    slots, _, value = pack_in_place(problem, counts, single_node_benefits(problem, counts, [n is not None for _, n, _ in solved[1]]))
+    single_ok = [n is not None for _, n, _ in solved[1]]
+    slots, _, value = pack_in_place(problem, counts, single_node_benefits(problem, counts, single_ok))
     return value, slots
 
 
@@ -453,7 +454,8 @@ def allocate(problem: Problem, progress: Progress | None = None) -> list[dict[tu
             progress(round_, PACK_ROUNDS, "slurmhet: exchange + packing")
         search.exchange()
         counts = [search.x[j].copy() for j in range(len(search.x))]
-        slots, failed, value = pack_in_place(problem, counts, single_node_benefits(problem, counts, search.single_ok.tolist()))
+        benefits = single_node_benefits(problem, counts, search.single_ok.tolist())
+        slots, failed, value = pack_in_place(problem, counts, benefits)
         if best is None or value < best[0] - _TOL * abs(value):
             best = (value, slots)
         if not failed:

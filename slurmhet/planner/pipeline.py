@@ -67,10 +67,10 @@ def make_policy(name: str, allocator: Allocator, proportional: bool = True, join
 
 
 def wspt_key(job: PlanJob, rates: dict[str, float], inter_gbps: float) -> tuple[float, float, float, str]:
-    """Priority first, then GPU-time (predicted run time on ``min_gpus`` of the
-    fastest type, times ``min_gpus``) per unit weight: a gang holds all its GPUs for its whole run, so a
-    wide job delays as many others as a narrow job that long (on ``sjfbco``'s 1-32 GPU gangs run time
-    alone left avg JCT 14% behind SJF-BCO's; bench/README.md)."""
+    """Priority first, then GPU-time (predicted run time on ``min_gpus`` of the fastest type, times
+    ``min_gpus``) per unit weight: a gang holds all its GPUs for its whole run, so a wide job delays as
+    many others as a narrow job that long (on ``sjfbco``'s 1-32 GPU gangs run time alone left avg
+    JCT 14% behind SJF-BCO's; bench/README.md)."""
     best = max(rates.values())
     alone = run_seconds(job, best * job.min_gpus, job.min_gpus, inter_gbps)
     return (-job.priority, alone * job.min_gpus / job.weight, job.submitted_at, job.id)
