@@ -25,8 +25,9 @@ def test_the_commands_and_the_controller_are_the_expected_series() -> None:
     assert controller.startswith(f"{major}.{minor:02d}."), controller
     profile = probe(client)
     assert profile.major == major and profile.slurm_version.startswith(f"{major}.{minor}.")
-    # Each series listens on its own port (devcluster): the host's 22.05 on 16817, 24.11 on 26817, 26.05 on 36817.
-    port = {"22.05": "16817", "24.11": "26817", "26.05": "36817"}[series]
+    # Each series listens on its own port (devcluster), below the ephemeral range: the host's 22.05 on 16817,
+    # 24.11 on 26817, 26.05 on 31817.
+    port = {"22.05": "16817", "24.11": "26817", "26.05": "31817"}[series]
     assert client.config()["SlurmctldPort"] == port
     # And numbers its jobs from its own start, so that clusters run side by side give their jobs' torch
     # MASTER_PORT (runtime/launcher.py: from the job id) different values.
