@@ -89,13 +89,6 @@ def type_memory(inventory: Inventory, gpu_type: str, table: ThroughputTable) -> 
     return None if not sizes or any(s is None for s in sizes) else min(sizes)  # type: ignore[type-var]
 
 
-def fits_memory(jobs: Sequence[PlanJob], gpu_type: str, memory: float | None) -> bool:
-    """Whether ``jobs`` may share one GPU of ``gpu_type`` with ``memory`` GB: each allows the type and their
-    declared memory fits."""
-    return (memory is not None and all(not j.allowed_types or gpu_type in j.allowed_types for j in jobs)
-            and sum(j.gpu_memory_gb or 0 for j in jobs) <= memory)
-
-
 def colocate(hosts: Sequence[JobPlan], jobs: Mapping[str, PlanJob], candidates: Sequence[PlanJob],
              table: ThroughputTable, inventory: Inventory, settings: ColocationSettings) -> list[ColocationGroup]:
     """Algorithm 2: put waiting candidates onto GPUs that already run one eligible job."""
@@ -118,7 +111,7 @@ def colocate(hosts: Sequence[JobPlan], jobs: Mapping[str, PlanJob], candidates: 
             (profiled if table.profile(job.workload) else measured).append(job)
     for job in sorted(profiled, key=lambda j: (occupancy(j), j.id)):
         gpus.sort(key=lambda g: (sum(occupancy(m) for m in g[2]), g[0], g[2][0].id))
-        room = [g for g in gpus if _has_room(job, g[1], len(g[2]), _memory(inventory, g[0], g[1], table),
+        room = [g for g in gpus if has_room(job, g[1], len(g[2]), _memory(inventory, g[0], g[1], table),
                                              sum(m.gpu_memory_gb or 0 for m in g[2]), settings)]
         if not room:
             break
@@ -138,7 +131,7 @@ def colocate(hosts: Sequence[JobPlan], jobs: Mapping[str, PlanJob], candidates: 
             for i, (node, gpu_type, members, delta, slow, source) in enumerate(chosen)]
 
 
-def _has_room(job: PlanJob, gpu_type: str, size: int, memory: float | None, used: float,
+def has_room(job: PlanJob, gpu_type: str, size: int, memory: float | None, used: float,
               settings: ColocationSettings) -> bool:
     """Whether ``job`` may join a GPU of ``gpu_type`` holding ``size`` members that use ``used`` of its ``memory``."""
     return (size < settings.max_group and (not job.allowed_types or gpu_type in job.allowed_types)
@@ -169,7 +162,7 @@ def _join_best_pairs(gpus: list[tuple[str, str, list[PlanJob]]], joiners: Sequen
         best: tuple[float, int, tuple[str, float | None, tuple[tuple[str, int], ...], float]] | None = None
         for bucket, heap in buckets.items():
             gpu_type, memory, members, used = bucket
-            if not heap or not _has_room(job, gpu_type, len(members), memory, used, settings):
+            if not heap or not has_room(job, gpu_type, len(members), memory, used, settings):
                 continue
             cached = (job.workload, job.global_batch, gpu_type, members)
             if cached not in predicted:

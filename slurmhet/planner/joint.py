@@ -181,7 +181,8 @@ def _pair_choices(problem: Problem, singles: Sequence[int], table: ThroughputTab
             for t in np.flatnonzero(problem.allowed[a] & problem.allowed[b]):
                 gpu_type = problem.types[t]
                 ja, jb = jobs[a], jobs[b]
-                if not colocation.fits_memory((ja, jb), gpu_type, memory[gpu_type]):
+                # Both allow the type (``problem.allowed``); b joins a GPU that holds a.
+                if not colocation.has_room(jb, gpu_type, 1, memory[gpu_type], ja.gpu_memory_gb or 0, settings):
                     continue
                 key = (ja.workload, ja.global_batch, jb.workload, jb.global_batch, gpu_type)
                 if key not in predicted:
