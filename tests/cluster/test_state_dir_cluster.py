@@ -81,9 +81,10 @@ def test_a_read_only_state_directory_fails_with_its_path_and_keeps_the_store(tmp
     first = write(tmp_path / "a.yaml", job("before", ["sleep", "30"], "{min: 1, max: 1, types: [t4]}"))
     [a] = json.loads(cli("submit", "--json", str(first), state=small_state).stdout)["jobs"]
     leftovers.extend(a["slurm_job_ids"])
-    # A read-only bind mount over it: the running job keeps writing its log through the mount below.
-    subprocess.run(["mount", "--bind", str(small_state), str(small_state)], check=True, timeout=30)
-    subprocess.run(["mount", "-o", "remount,bind,ro", str(small_state)], check=True, timeout=30)
+    # A read-only bind mount over it: the running job keeps writing its log through the mount below. One call,
+    # not bind then remount: util-linux >= 2.39 (Debian trixie, sid) makes it read-only before attaching it, while a
+    # separate remount fails "mount point is busy" if the job opened a file through the new mount in between.
+    subprocess.run(["mount", "--bind", "-o", "ro", str(small_state), str(small_state)], check=True, timeout=30)
     try:
         second = write(tmp_path / "b.yaml", job("after", ["sleep", "30"], "{min: 1, max: 1, types: [t4]}"))
         for args in (("submit", str(second)), ("replan", "--once"), ("status",)):
