@@ -416,3 +416,40 @@ def test_column_minima_stay_equal_to_a_fresh_scan_as_rows_change(seed: int) -> N
         fresh = hetero._two_smallest(array.copy())
         assert all(np.array_equal(a, b) for a, b in zip(tracker.stats(), fresh))
         assert hetero._pair_by_columns(give, take, 1.0, None, minima) == full_table_pair(give, take, 1.0)
+
+
+def test_the_best_giver_may_come_before_the_first_minimum_of_its_column() -> None:
+    # Row 1 holds both columns' minima, so its best partner is row 0 (1 + 0); row 0 gives 5 to row 1's -10.
+    give, take = np.array([[5.0], [1.0]]), np.array([[0.0], [-10.0]])
+    assert hetero.best_pair(give, take, 0.0) == (-5.0, 0, 1, 0) == full_table_pair(give, take, 0.0)
+
+
+@pytest.mark.parametrize("seed", range(200))
+def test_best_pair_on_few_rows_where_one_row_often_holds_both_minima(seed: int,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(seed)
+    jobs, keys = int(rng.integers(2, 6)), int(rng.integers(1, 5))
+    values = np.array([-1e17, -10.0, -1.0, 0.0, 1.0, 5.0, np.inf])
+    give, take = (rng.choice(values, size=(jobs, keys)) for _ in range(2))
+    monkeypatch.setattr(hetero, "_TABLE_CELLS", 0)
+    expected = full_table_pair(give, take, 1.0)
+    assert hetero.best_pair(give, take, 1.0) == expected
+    minima = (hetero.ColumnMinima(give), hetero.ColumnMinima(take))
+    assert hetero.best_pair(give, take, 1.0, minima=minima) == expected
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_first_minimum_from_column_minima_is_argmins(seed: int) -> None:
+    """Take and release moves read the tracked column minima instead of scanning the array: the same cell,
+    the first in row-major order among ties, with unusable columns (takes of GPUs not free) left out."""
+    rng = np.random.default_rng(seed)
+    jobs, keys = int(rng.integers(1, 12)), int(rng.integers(1, 10))
+    delta = rng.choice(np.array([-2.0, -1.0, 0.0, np.inf]), size=(jobs, keys))
+    tracked = hetero.ColumnMinima(delta)
+    for usable in (None, rng.random(keys) < 0.6):
+        masked = delta if usable is None else np.where(usable[None, :], delta, np.inf)
+        flat = int(np.argmin(masked))
+        value = float(masked.flat[flat])
+        expected = (value, *divmod(flat, keys)) if np.isfinite(value) else None
+        assert hetero._first_minimum(delta, usable, None) == expected
+        assert hetero._first_minimum(delta, usable, tracked) == expected
