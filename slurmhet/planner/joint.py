@@ -114,8 +114,7 @@ def admit(problem: Problem, forced: Collection[str], table: ThroughputTable, inv
         return None
     singles = [j for j, job in enumerate(jobs) if problem.hi[j] == 1 and colocation.eligible(job)]
     pairing = settings.enabled and settings.max_group >= 2
-    n_types = len(problem.types)
-    if len(jobs) * n_types + (len(singles) * (len(singles) - 1) // 2 * n_types if pairing else 0) > MAX_COLUMNS:
+    if _columns(len(jobs), len(singles), len(problem.types), pairing) > MAX_COLUMNS:
         return None
     choices = []
     for j in range(len(jobs)):
@@ -134,6 +133,20 @@ def admit(problem: Problem, forced: Collection[str], table: ThroughputTable, inv
     return Admission({jobs[c.jobs[0]].id: np.array(c.gpus) for c in chosen},
                      tuple((jobs[c.jobs[0]].id, jobs[c.jobs[1]].id, problem.types[int(np.argmax(c.gpus))])
                            for c in chosen if len(c.jobs) == 2))
+
+
+def within_size(jobs: Sequence[PlanJob], n_types: int, settings: ColocationSettings) -> bool:
+    """Whether :func:`admit` over ``jobs`` stays within ``MAX_COLUMNS``, asked before the caller builds its
+    problem (for thousands of jobs that took a tenth of a second for nothing). The jobs that may share a GPU
+    (``colocation.eligible``) ask for one, so they count as ``admit`` counts them."""
+    singles = sum(1 for job in jobs if colocation.eligible(job))
+    return _columns(len(jobs), singles, n_types, settings.enabled and settings.max_group >= 2) <= MAX_COLUMNS
+
+
+def _columns(n_jobs: int, n_singles: int, n_types: int, pairing: bool) -> int:
+    """The joint MILP's columns before any is priced: each job on each type, and each pair of single-GPU jobs on
+    each type."""
+    return n_jobs * n_types + (n_singles * (n_singles - 1) // 2 * n_types if pairing else 0)
 
 
 def count_vectors(k: int, allowed: np.ndarray, capacity: np.ndarray) -> list[tuple[int, ...]]:

@@ -126,9 +126,10 @@ def _prepare(inp: PlanningInput, jointly: bool = False) -> tuple[Problem, _Conte
     capacity = np.array([[n.gpus.get(t, 0) for t in types] for n in inventory.nodes], dtype=int).reshape(len(nodes), len(types))
     rates: dict[str, dict[str, float]] = {}
     priors: dict[str, tuple[str, ...]] = {}
+    per_type = dict(zip(types, capacity.sum(axis=0).tolist()))
     for job in inp.jobs:
         rates[job.id], priors[job.id] = job_rates(job, inp.throughput, types)
-        reachable = int(sum(capacity[:, types.index(t)].sum() for t in rates[job.id]))
+        reachable = sum(per_type[t] for t in rates[job.id])
         if job.min_gpus > reachable:
             raise InputError(f"job {job.id!r}: min_gpus {job.min_gpus} exceeds the {reachable} GPUs of its allowed types",
                              place=f"{job.id}.gpus.min", hint=f"lower gpus.min to {reachable} or allow more types")
@@ -205,7 +206,8 @@ def _prepare(inp: PlanningInput, jointly: bool = False) -> tuple[Problem, _Conte
             slack[job.user] -= top - job.min_gpus
             admitted[i] = replace(job, max_gpus=top) if top != job.max_gpus else job
     pairs, counts = None, None
-    if jointly and not (inp.pin_running or pinned or overdue or backfilled or caps or waits_for):
+    if jointly and not (inp.pin_running or pinned or overdue or backfilled or caps or waits_for) \
+            and joint.within_size(pending, len(types), inp.colocation):
         # Every job with a priority that greedy admission let in runs; a must-run job's GPUs go by its progress.
         candidates = [replace(j, priority=0) if j.must_run else j for j in pending]
         admission = joint.admit(_problem(candidates, rates, capacity, types, nodes, inventory, inp),

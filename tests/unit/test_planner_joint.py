@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from slurmhet.cluster import Inventory, Node
-from slurmhet.planner import POLICIES, PlanJob, PlanningInput
+from slurmhet.planner import POLICIES, PlanJob, PlanningInput, joint
 from slurmhet.planner.critical import with_critical_path
 from slurmhet.planner.joint import Choice, choose, count_vectors
+from slurmhet.planner.model import ColocationSettings
 from slurmhet.throughput import ThroughputTable
 
 ONE_EACH = Inventory((Node("a", {"v100": 1}), Node("b", {"k80": 1})))
@@ -116,3 +117,27 @@ def test_a_short_gang_weighs_k_to_the_quarter_so_it_is_not_starved_by_longer_sin
     plan = POLICIES["slurmhet"](PlanningInput(jobs, inv, table, pin_running=False))
     assert plan.job("gang").allocation is None
     assert {plan.job(j).allocation.by_type()["v100"] for j in ("s1", "s2")} == {1}
+
+
+def test_the_size_check_before_the_problem_is_built_lets_through_exactly_the_milps_admit_takes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Three single-GPU jobs that may share (3 pairs) and a gang, on two types: 4 x 2 + 3 x 2 = 14 columns.
+    table = ThroughputTable.from_rates({"w": {"v100": 1.0, "k80": 0.5}})
+    jobs = tuple(single(f"s{i}", "w", 10.0 + i, colocate=True, gpu_memory_gb=1.0) for i in range(3)) + (
+        PlanJob("g", "w", 5.0, 1, min_gpus=2, max_gpus=2),)
+    inventory = Inventory((Node("a", {"v100": 2}), Node("b", {"k80": 2})))
+    asked: list[int] = []
+    admit = joint.admit
+
+    def counted(problem, *args):  # type: ignore[no-untyped-def]
+        asked.append(len(problem.jobs))
+        return admit(problem, *args)
+
+    monkeypatch.setattr(joint, "admit", counted)
+    for limit, runs in ((14, True), (13, False)):
+        monkeypatch.setattr(joint, "MAX_COLUMNS", limit)
+        assert joint.within_size(jobs, 2, ColocationSettings()) is runs
+        asked.clear()
+        plan = POLICIES["slurmhet"](PlanningInput(jobs, inventory, table, pin_running=False))
+        assert asked == ([4] if runs else [])
+        assert sum(1 for jp in plan.jobs if jp.allocation is not None) >= 2
