@@ -113,8 +113,7 @@ def admit(problem: Problem, forced: Collection[str], table: ThroughputTable, inv
     if not problem.preemptive or not np.array_equal(problem.lo, problem.hi):
         return None
     singles = [j for j, job in enumerate(jobs) if problem.hi[j] == 1 and colocation.eligible(job)]
-    pairing = settings.enabled and settings.max_group >= 2
-    if _columns(len(jobs), len(singles), len(problem.types), pairing) > MAX_COLUMNS:
+    if _columns(len(jobs), len(singles), len(problem.types), settings) > MAX_COLUMNS:
         return None
     choices = []
     for j in range(len(jobs)):
@@ -124,7 +123,7 @@ def admit(problem: Problem, forced: Collection[str], table: ThroughputTable, inv
                 choices.append(Choice((j,), x, value))
             if len(choices) > MAX_COLUMNS:
                 return None
-    if pairing:
+    if _pairing(settings):
         choices += _pair_choices(problem, singles, table, inventory, settings)
     index = {job.id: j for j, job in enumerate(jobs)}
     chosen = choose(choices, len(jobs), problem.type_capacity.tolist(), [index[i] for i in forced if i in index])
@@ -140,13 +139,18 @@ def within_size(jobs: Sequence[PlanJob], n_types: int, settings: ColocationSetti
     problem (for thousands of jobs that took a tenth of a second for nothing). The jobs that may share a GPU
     (``colocation.eligible``) ask for one, so they count as ``admit`` counts them."""
     singles = sum(1 for job in jobs if colocation.eligible(job))
-    return _columns(len(jobs), singles, n_types, settings.enabled and settings.max_group >= 2) <= MAX_COLUMNS
+    return _columns(len(jobs), singles, n_types, settings) <= MAX_COLUMNS
 
 
-def _columns(n_jobs: int, n_singles: int, n_types: int, pairing: bool) -> int:
+def _pairing(settings: ColocationSettings) -> bool:
+    """Whether the MILP offers two single-GPU jobs sharing a GPU: co-location on, groups of two allowed."""
+    return settings.enabled and settings.max_group >= 2
+
+
+def _columns(n_jobs: int, n_singles: int, n_types: int, settings: ColocationSettings) -> int:
     """The joint MILP's columns before any is priced: each job on each type, and each pair of single-GPU jobs on
-    each type."""
-    return n_jobs * n_types + (n_singles * (n_singles - 1) // 2 * n_types if pairing else 0)
+    each type when it offers pairs."""
+    return n_jobs * n_types + (n_singles * (n_singles - 1) // 2 * n_types if _pairing(settings) else 0)
 
 
 def count_vectors(k: int, allowed: np.ndarray, capacity: np.ndarray) -> list[tuple[int, ...]]:
