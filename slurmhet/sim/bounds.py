@@ -310,12 +310,13 @@ def _interval_lp(inst: _Instance, alone: np.ndarray, running: np.ndarray, forks:
     job's seconds (alone plus shared time; GPU-seconds for a multi-GPU job) at most ``k_j * length`` (E3)
     and, all of them lying in ``[r_j, C_j]`` after its ``start_s`` of start-up (E4), at most
     ``k_j (C_j - r_j - start_s)``; per job at most ``S_j / p_j * length`` work, ``p_j`` = ``running``, its
-    alone time without start-up (:func:`_alone_seconds`: no allocation runs it faster); nothing before the
-    job's release (its release rounded down to a grid point, a relaxation). Its mean busy time ``M_j`` (the
-    work-weighted mean time of its processing) is at least ``sum_i f_ji a_i``, ``f_ji`` the share of its work
-    done in interval ``i``; it runs at most at its alone rate, so its work spans at least ``alone_j`` and
-    ``C_j >= M_j + alone_j / 2``; and ``C_j >= r_j + alone_j``. Minimising ``sum w_j C_j`` under these
-    constraints so bounds every schedule's.
+    alone time without start-up (:func:`_alone_seconds`: no allocation runs it faster); no work before the
+    end of its first start-up, ``r_j + start_s`` (rounded down to a grid point, a relaxation). Its mean busy
+    time ``M_j`` (the work-weighted mean time of its processing) is at least ``sum_i f_ji a_i``, ``f_ji`` the
+    share of its work done in interval ``i``; its work goes at most at rate ``S_j / p_j``, so it spans at
+    least ``p_j`` and ``C_j >= M_j + p_j / 2`` (``p_j``, not ``alone_j``: start-up makes no progress, so it
+    does not spread the work, and a job may spend it on GPUs it leaves before it works); and
+    ``C_j >= r_j + alone_j``. Minimising ``sum w_j C_j`` under these constraints so bounds every schedule's.
 
     Separate alone and shared columns keep the LP from running a single-GPU job at its alone rate while
     booking it only ``1 / e`` of a GPU (one column at ``u e`` per GPU-second allowed that); the time rows
@@ -326,7 +327,9 @@ def _interval_lp(inst: _Instance, alone: np.ndarray, running: np.ndarray, forks:
     if n == 0 or not finite.all():
         return 0.0
     span = max(float((inst.arrival - first + alone).max()), horizon)
-    releases = np.unique(inst.arrival)
+    start_up = alone - running
+    ready = inst.arrival + start_up  # no job works before its first start-up ends (E4)
+    releases = np.unique(ready)
     if len(releases) > MAX_RELEASE_POINTS:
         releases = np.unique(releases[np.linspace(0, len(releases) - 1, MAX_RELEASE_POINTS).round().astype(int)])
     geometric, t = [first], first + max(float(alone.min()) / 4, 1.0)
@@ -337,7 +340,7 @@ def _interval_lp(inst: _Instance, alone: np.ndarray, running: np.ndarray, forks:
     for intervals, kinds in itertools.product((GRID_INTERVALS, GRID_INTERVALS // 2, GRID_INTERVALS // 4), layouts):
         uniform = first + np.arange(intervals + 1) * (span / intervals)
         points = np.unique(np.concatenate([np.array(geometric), uniform, releases]))
-        start_of = np.searchsorted(points, inst.arrival, side="right") - 1  # release rounded down to a grid point
+        start_of = np.searchsorted(points, ready, side="right") - 1  # rounded down to a grid point
         if sum(len(kinds[j]) * (len(points) - start_of[j]) for j in range(n)) + n <= MAX_LP_COLUMNS:
             break
     else:
@@ -365,13 +368,12 @@ def _interval_lp(inst: _Instance, alone: np.ndarray, running: np.ndarray, forks:
     booked = np.array([kind[2] for _, kind, _ in cells])
     busy = np.array([kind[3] for _, kind, _ in cells])
     interval = np.array([i for _, _, i in cells])
-    start_up = alone - running
     for j in range(n):
         cols = np.array(by_job[j], dtype=np.int32)
         model.addRow(float(inst.steps[j]), inf, len(cols), cols, work[cols])
-        # C_j - sum_i a_i * (work share in i) >= alone_j / 2, the share being the column's work / S_j.
+        # C_j - sum_i a_i * (work share in i) >= p_j / 2, the share being the column's work / S_j.
         scale = 1.0 / max(float(inst.steps[j]), 1e-12)
-        model.addRow(float(alone[j] / 2), inf, len(cols) + 1, np.array([n_y + j, *cols], dtype=np.int32),
+        model.addRow(float(running[j] / 2), inf, len(cols) + 1, np.array([n_y + j, *cols], dtype=np.int32),
                      np.array([1.0, *(-starts[interval[cols]] * work[cols] * scale)]))
         model.changeColBounds(n_y + j, float(inst.arrival[j] + alone[j]), inf)
         if not forks:  # k_j (C_j - r_j - start_s) >= the job's seconds

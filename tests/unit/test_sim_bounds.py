@@ -238,6 +238,35 @@ def test_a_first_start_holds_gpus_without_progress() -> None:
     assert 67.0 < bound.avg_jct <= (60.0 + 85.0) / 2 + 1e-6
 
 
+def test_no_work_before_a_jobs_first_start_up_ends() -> None:
+    """Two 20 s jobs on one GPU with 10 s of start-up each: the best schedule runs them one after the other and
+    ends them at 30 and 60 (avg 45). A job works only after its start-up, so the second one's work, behind the
+    first's, ends no earlier than 50: the bound lies above 38 (34.8 when work could start on arrival) and at
+    or below 45."""
+    rates = tiny({"x": {"v100": 1.0}})
+    jobs = [TraceJob(0, "x", 1, 0.0, 20.0), TraceJob(1, "x", 1, 0.0, 20.0)]
+    bound = instance_bounds(jobs, {"v100": 1}, rates, start_s=10.0)
+    assert 38.0 < bound.avg_jct <= 45.0 + 1e-6
+    assert bound.avg_jct <= _brute_force(jobs, {"v100": 1}, rates, 10.0)[1] + 1e-6
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_start_up_bound_is_never_above_any_list_schedule(seed: int) -> None:
+    """With start-up up to 120 s, a job slow on K80s, and mixed releases, the bound stays at or below the
+    best list schedule that pays every start-up."""
+    rng = random.Random(500 + seed)
+    rates = tiny({**TABLE, "z": {"v100": 3.0, "k80": 0.1}})
+    capacity = {"v100": rng.randint(1, 2), "k80": rng.randint(1, 3)}
+    start_s = rng.choice((10.0, 30.0, 60.0, 120.0))
+    jobs = [TraceJob(i, rng.choice("xyz"), rng.choice((1, 1, 2)), float(rng.choice((0, 0, 30, 90))),
+                     float(rng.randint(20, 400)), weight=float(rng.randint(1, 3))) for i in range(rng.randint(2, 4))]
+    bound = instance_bounds(jobs, capacity, rates, start_s=start_s)
+    makespan, avg_jct, weighted = _brute_force(jobs, capacity, rates, start_s)
+    assert bound.makespan <= makespan + 1e-6
+    assert bound.avg_jct <= avg_jct + 1e-6
+    assert bound.weighted_jct <= weighted + 1e-6
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_colocation_bound_is_never_above_any_policy(seed: int) -> None:
     """Single-GPU x and y may share a V100 (0.8 steps/s each); every policy's schedule, the co-locating ones
