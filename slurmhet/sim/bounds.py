@@ -28,7 +28,8 @@ the best any scheduler could do. The engine's facts the proofs rest on:
      at most ``v[j, g] = max(u[j, g], its best measured co-located rate)``.
 (E3) Without forking (``forks`` false, checked by the engine) a job holds at most ``k_j``
      GPUs at a time; with forking, any number.
-(E4) A job's first start costs ``start_s`` without progress.
+(E4) A job's first start costs ``start_s`` without progress, on the GPUs it holds; a move or pause before any
+     progress does not skip what is left of it, so a job works only after holding GPUs for ``start_s``.
 
 Charging every job ``p_j = S_j / max_g q[j, g]`` GPU-seconds (its steps at the best work
 per GPU-second it can get anywhere: ``u e`` for a single-GPU job, ``u`` for a
@@ -119,7 +120,7 @@ def instance_bounds(jobs: Sequence[TraceJob], capacity: Mapping[str, int], rates
     total = float(inst.capacity.sum())
     rho = np.ones(len(pooled)) if forks else np.minimum(1.0, inst.gpus / total)
     first = float(inst.arrival.min())
-    makespan = max(float((inst.arrival + alone).max()) - first, _fluid_makespan(inst, forks) - first)
+    makespan = max(float((inst.arrival + alone).max()) - first, _fluid_makespan(inst, forks, start_s) - first)
     srpt = _srpt_completions(inst.arrival, pooled / total)
     unweighted_lp = _interval_lp(inst, alone, running, forks, np.ones(len(pooled)), makespan)
     jct_sum = max(float((srpt - inst.arrival).sum()), float(alone.sum()), unweighted_lp)
@@ -223,15 +224,20 @@ def _alone_seconds(inst: _Instance, forks: bool) -> np.ndarray:
     return out
 
 
-def _fluid_makespan(inst: _Instance, forks: bool) -> float:
+def _fluid_makespan(inst: _Instance, forks: bool, start_s: float = 0.0) -> float:
     """max over arrival thresholds ``a`` of ``a + T_a``, ``T_a`` the fluid LP's time for the jobs arriving at ``a``
     or later.
 
     Validity: the jobs arriving at or after ``a`` run entirely inside ``[a, end]``; booking job ``j``
     ``y[j, g]`` GPU-seconds of type ``g`` there as in (E2), (E1)-(E2) need ``sum_g y[j, g] q[j, g] >= S_j``
     (``q = u e`` for a single-GPU job, ``u`` for a multi-GPU one, :func:`_work`) and capacity gives
-    ``sum_j y[j, g] <= C_g (end - a)``; (E3) adds ``sum_g y[j, g] <= k_j (end - a)``. The LP's minimum ``T_a``
-    so satisfies ``end - a >= T_a`` for every schedule.
+    ``sum_j y[j, g] <= C_g (end - a)``; (E3) adds ``sum_g y[j, g] <= k_j (end - a)``. A first start (E4) holds
+    ``k_j`` GPUs for ``start_s`` without progress: the job works only in ``[a + start_s, end]``, so its row's
+    right-hand side is ``k_j (end - a - start_s)``; and a job that never shares a GPU (multi-GPU, or without
+    a measured pair) holds at least one GPU of some type through its start-up besides its booked GPU-seconds
+    (a gang may start on fewer GPUs than it asks), so all GPU-seconds booked on every type together stay
+    within ``sum_g C_g (end - a) - start_s x`` the number of such jobs.
+    The LP's minimum ``T_a`` so satisfies ``end - a >= T_a`` for every schedule.
     """
     arrivals = np.unique(inst.arrival)
     if len(arrivals) > MAX_THRESHOLDS:
@@ -239,11 +245,11 @@ def _fluid_makespan(inst: _Instance, forks: bool) -> float:
     best = 0.0
     for a in arrivals:
         members = np.flatnonzero(inst.arrival >= a)
-        best = max(best, float(a) + _fluid_time(inst, members, forks))
+        best = max(best, float(a) + _fluid_time(inst, members, forks, start_s))
     return best
 
 
-def _fluid_time(inst: _Instance, members: np.ndarray, forks: bool) -> float:
+def _fluid_time(inst: _Instance, members: np.ndarray, forks: bool, start_s: float = 0.0) -> float:
     """The fluid LP of :func:`_fluid_makespan` for ``members``. Co-location enters pair by pair when the instance
     lists its pairs: ``z`` GPU-seconds of jobs a and b sharing a GPU of type g give a ``r_a z`` and b ``r_b z``
     steps and count once against the type's capacity and once against each job's GPU limit (E2); otherwise
@@ -281,12 +287,18 @@ def _fluid_time(inst: _Instance, members: np.ndarray, forks: bool) -> float:
                      np.array(job_work[j]))
         if not forks:
             held = [index[(j, g)] for g in range(m) if (j, g) in index] + job_share[j]
-            model.addRow(0.0, inf, len(held) + 1, np.array([t_col, *held], dtype=np.int32),
-                         np.array([inst.gpus[members[j]], *([-1.0] * len(held))]))
+            gpus = float(inst.gpus[members[j]])
+            model.addRow(gpus * start_s, inf, len(held) + 1, np.array([t_col, *held], dtype=np.int32),
+                         np.array([gpus, *([-1.0] * len(held))]))
     for g in range(m):
         cols = type_cols[g]
         model.addRow(0.0, inf, len(cols) + 1, np.array([t_col, *cols], dtype=np.int32),
                      np.array([inst.capacity[g], *([-1.0] * len(cols))]))
+    alone_start_up = start_s * float((inst.paired[members].max(axis=1) <= 0).sum())
+    if alone_start_up > 0:
+        every = np.arange(t_col, dtype=np.int32)
+        model.addRow(alone_start_up, inf, t_col + 1, np.array([t_col, *every], dtype=np.int32),
+                     np.array([inst.capacity.sum(), *([-1.0] * t_col)]))
     model.run()
     if model.getModelStatus() != highspy.HighsModelStatus.kOptimal:
         return 0.0  # a bound of nothing rather than a wrong one

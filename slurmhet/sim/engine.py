@@ -7,7 +7,8 @@ never steps through time. A round ends after ``round_s``; for a policy with
 simulator, where a round lasts as long as its longest job). A changed allocation
 costs a checkpoint-restart (``restart_s``) during which the job holds its GPUs but makes no progress; a first
 start costs ``start_s`` the same way (process start-up, rendezvous: what a live
-cluster charges every job); a job running as several forked copies pays
+cluster charges every job); a job moved or paused during its start-up, with no progress to restart from,
+goes on with what is left of it when placed again; a job running as several forked copies pays
 ``consolidate_s`` each round (HadarE).
 Jobs a policy co-locates on one GPU (a ``Decision``'s ``shared`` groups, seed 002)
 run at the measured co-located rates of the group (``RateModel.colocated_rates``);
@@ -123,6 +124,8 @@ class Engine:
         self.rates, self.policy, self.config = rates, policy, config
         self.active: dict[int, JobState] = {}
         self.restart_left: dict[int, float] = {}
+        #: What is left of each job's first start-up, kept while it has no progress to restart from.
+        self.start_left: dict[int, float] = {}
         self.done_steps: dict[int, float] = {}
         self.peak: dict[int, dict[str, int]] = {}
         self.gpu_seconds: dict[int, dict[str, float]] = {}
@@ -170,6 +173,7 @@ class Engine:
             steps = float(job.total_steps or 0.0)
             self.active[job.job_id] = JobState(job.job_id, job.job_type, job.gpus, job.weight, job.arrival, steps, steps)
             self.restart_left[job.job_id] = 0.0
+            self.start_left[job.job_id] = self.config.start_s
             self.done_steps[job.job_id] = 0.0
             self.peak[job.job_id], self.gpu_seconds[job.job_id] = {}, {}
             admitted = True
@@ -199,11 +203,16 @@ class Engine:
                 if self.rates.gang_rate(state.job_type, state.gpus, gang, self.policy.sharding) <= 0:
                     raise SimulationError(f"{self.policy.key}: job {job_id} placed where it cannot run: {gang}")
             if new != state.placement:
-                if new and (state.placement or state.remaining < state.total_steps):
-                    self.restart_left[job_id] = self.config.restart_s
+                # A job with progress restarts from its checkpoint; one without (moved or paused during its
+                # start-up) goes on with what is left of its start-up: a move never skips it, and a policy
+                # that moves jobs every round still gets them started.
+                progressed = state.remaining < state.total_steps
+                if new and (state.placement or progressed):
                     state.restarts += 1
-                else:
-                    self.restart_left[job_id] = self.config.start_s if new else 0.0
+                if state.placement and not progressed:
+                    self.start_left[job_id] = min(self.restart_left[job_id], self.config.start_s)
+                cost = self.config.restart_s if progressed else self.start_left[job_id]
+                self.restart_left[job_id] = cost if new else 0.0
                 state.placement = new
                 peak = self.peak[job_id]
                 for gpu_type, count in _by_type(new).items():

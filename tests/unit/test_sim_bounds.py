@@ -242,11 +242,13 @@ def test_no_work_before_a_jobs_first_start_up_ends() -> None:
     """Two 20 s jobs on one GPU with 10 s of start-up each: the best schedule runs them one after the other and
     ends them at 30 and 60 (avg 45). A job works only after its start-up, so the second one's work, behind the
     first's, ends no earlier than 50: the bound lies above 38 (34.8 when work could start on arrival) and at
-    or below 45."""
+    or below 45. Each start-up holds the GPU without progress, so the makespan is exactly 60 (40 counting
+    work alone)."""
     rates = tiny({"x": {"v100": 1.0}})
     jobs = [TraceJob(0, "x", 1, 0.0, 20.0), TraceJob(1, "x", 1, 0.0, 20.0)]
     bound = instance_bounds(jobs, {"v100": 1}, rates, start_s=10.0)
     assert 38.0 < bound.avg_jct <= 45.0 + 1e-6
+    assert bound.makespan == pytest.approx(60.0)
     assert bound.avg_jct <= _brute_force(jobs, {"v100": 1}, rates, 10.0)[1] + 1e-6
 
 
@@ -282,6 +284,26 @@ def test_colocation_bound_is_never_above_any_policy(seed: int) -> None:
                      float(rng.randint(40, 200)), weight=float(rng.randint(1, 3))) for i in range(rng.randint(3, 5))]
     bound = instance_bounds(jobs, capacity, shared, start_s=5.0, colocates=True)
     _assert_never_above(bound, jobs, capacity, shared, SimConfig(round_s=60.0, restart_s=5.0, start_s=5.0))
+
+
+@pytest.mark.parametrize("seed", [3, 10, 52, 0, 1, 2])
+def test_long_start_ups_keep_every_policy_at_or_above_the_bound(seed: int) -> None:
+    """Start-up up to 120 s with restarts of 0-5 s, co-location on: a policy that moved a job during its
+    start-up used to pay only the restart, so gavel-mmf ended seed 52 at 304 s under a makespan bound of 319 s
+    (job 0's 199 s of work after its 120 s start-up); seeds 3 and 10 broke the JCT bounds the same way."""
+    from slurmhet.sim.contention import ContentionModel
+    from slurmhet.sim.rates import RateModel
+
+    rng = random.Random(100 + seed)
+    table = {"x": {"v100": 1.0, "k80": 0.5}, "y": {"v100": 1.0, "k80": 0.25}}
+    shared = RateModel(PairRates(table), ContentionModel(1.0, xi2=0.0), {t: 0.0 for t in table})
+    capacity = {"v100": 2, "k80": rng.randint(2, 3)}
+    start_s = rng.choice((20.0, 60.0, 120.0))
+    jobs = [TraceJob(i, rng.choice("xy"), rng.choice((1, 1, 1, 2)), float(rng.choice((0, 0, 20, 60))),
+                     float(rng.randint(40, 200)), weight=float(rng.randint(1, 3))) for i in range(rng.randint(3, 5))]
+    restart_s = rng.choice((0.0, 5.0))
+    bound = instance_bounds(jobs, capacity, shared, start_s=start_s, colocates=True)
+    _assert_never_above(bound, jobs, capacity, shared, SimConfig(round_s=60.0, restart_s=restart_s, start_s=start_s))
 
 
 def test_the_interval_lp_splits_a_sharing_jobs_columns_unless_too_many() -> None:

@@ -54,6 +54,29 @@ def test_first_start_pays_start_s_and_a_resume_pays_restart_s() -> None:
     assert finishes(run("srtf", jobs, one_gpu(), rates, start_s=4.0, restart_s=5.0)) == {0: 133.0, 1: 34.0}
 
 
+class MoveAtFive(TimePolicy):
+    """Round-based: every job on node a until t = 5, on node b after."""
+
+    key = "move"
+    round_based = True
+
+    def decide(self, view):
+        gang = (("a" if view.now < 5.0 else "b", "v100", 1),)
+        return {j.job_id: (gang,) for j in view.jobs}
+
+
+def test_a_move_during_start_up_does_not_skip_the_rest_of_it() -> None:
+    """A job moved at 5 s into its 12 s start-up has no checkpoint to restart from: it spends the 7 s left of
+    its start-up on b (to 12 s) and works 20 s, ending at 32. Paying the 2 s restart there instead skipped
+    the rest (27)."""
+    rates = tiny({"x": {"v100": 1.0}})
+    inventory = Inventory((Node("a", {"v100": 1}), Node("b", {"v100": 1})))
+    run = run_policies([TraceJob(0, "x", 1, 0.0, 20.0)], inventory, rates, {"move": MoveAtFive(round_s=5.0)},
+                       SimConfig(round_s=5.0, start_s=12.0, restart_s=2.0)).runs["move"]
+    assert finishes(run) == {0: 32.0}
+    assert run.records[0].restarts == 1
+
+
 @pytest.mark.parametrize("flag,value", [("restart_s", -1.0), ("start_s", float("nan")), ("start_s", float("inf"))])
 def test_simulate_refuses_bad_overheads(flag: str, value: float) -> None:
     from slurmhet.errors import InputError
