@@ -123,9 +123,9 @@ class Engine:
         self.inter_gbps = inventory.inter_node_gbps
         self.rates, self.policy, self.config = rates, policy, config
         self.active: dict[int, JobState] = {}
+        #: Seconds a job holds its GPUs without progress: a restart, or what is left of its first start-up (which
+        #: runs down only while it is placed, from ``start_s`` on arrival).
         self.restart_left: dict[int, float] = {}
-        #: What is left of each job's first start-up, kept while it has no progress to restart from.
-        self.start_left: dict[int, float] = {}
         self.done_steps: dict[int, float] = {}
         self.peak: dict[int, dict[str, int]] = {}
         self.gpu_seconds: dict[int, dict[str, float]] = {}
@@ -172,8 +172,7 @@ class Engine:
             job = self.pending.pop(0)
             steps = float(job.total_steps or 0.0)
             self.active[job.job_id] = JobState(job.job_id, job.job_type, job.gpus, job.weight, job.arrival, steps, steps)
-            self.restart_left[job.job_id] = 0.0
-            self.start_left[job.job_id] = self.config.start_s
+            self.restart_left[job.job_id] = self.config.start_s
             self.done_steps[job.job_id] = 0.0
             self.peak[job.job_id], self.gpu_seconds[job.job_id] = {}, {}
             admitted = True
@@ -204,15 +203,15 @@ class Engine:
                     raise SimulationError(f"{self.policy.key}: job {job_id} placed where it cannot run: {gang}")
             if new != state.placement:
                 # A job with progress restarts from its checkpoint; one without (moved or paused during its
-                # start-up) goes on with what is left of its start-up: a move never skips it, and a policy
-                # that moves jobs every round still gets them started.
+                # start-up) keeps what is left of its start-up: a move never skips it, and a policy that moves
+                # jobs every round still gets them started.
                 progressed = state.remaining < state.total_steps
                 if new and (state.placement or progressed):
                     state.restarts += 1
-                if state.placement and not progressed:
-                    self.start_left[job_id] = min(self.restart_left[job_id], self.config.start_s)
-                cost = self.config.restart_s if progressed else self.start_left[job_id]
-                self.restart_left[job_id] = cost if new else 0.0
+                if progressed:
+                    self.restart_left[job_id] = self.config.restart_s if new else 0.0
+                else:  # what is left of its start-up, never more than start_s (a forked one may owe consolidate_s)
+                    self.restart_left[job_id] = min(self.restart_left[job_id], self.config.start_s)
                 state.placement = new
                 peak = self.peak[job_id]
                 for gpu_type, count in _by_type(new).items():
