@@ -231,8 +231,8 @@ def _fluid_makespan(inst: _Instance, forks: bool, start_s: float = 0.0) -> float
     Validity: the jobs arriving at or after ``a`` run entirely inside ``[a, end]``; booking job ``j``
     ``y[j, g]`` GPU-seconds of type ``g`` there as in (E2), (E1)-(E2) need ``sum_g y[j, g] q[j, g] >= S_j``
     (``q = u e`` for a single-GPU job, ``u`` for a multi-GPU one, :func:`_work`) and capacity gives
-    ``sum_j y[j, g] <= C_g (end - a)``; (E3) adds ``sum_g y[j, g] <= k_j (end - a)``. A first start (E4) holds
-    ``k_j`` GPUs for ``start_s`` without progress: the job works only in ``[a + start_s, end]``, so its row's
+    ``sum_j y[j, g] <= C_g (end - a)``; (E3) adds ``sum_g y[j, g] <= k_j (end - a)``. A first start (E4) makes
+    no progress for ``start_s``: the job works only in ``[a + start_s, end]``, so its row's
     right-hand side is ``k_j (end - a - start_s)``; and a job that never shares a GPU (multi-GPU, or without
     a measured pair) holds at least one GPU of some type through its start-up besides its booked GPU-seconds
     (a gang may start on fewer GPUs than it asks), so all GPU-seconds booked on every type together stay
