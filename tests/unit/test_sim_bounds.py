@@ -269,19 +269,29 @@ def test_start_up_bound_is_never_above_any_list_schedule(seed: int) -> None:
     assert bound.weighted_jct <= weighted + 1e-6
 
 
+def _sharing_xy():
+    """Single-GPU x and y may share a V100 (0.8 steps/s each)."""
+    from slurmhet.sim.contention import ContentionModel
+    from slurmhet.sim.rates import RateModel
+
+    table = {"x": {"v100": 1.0, "k80": 0.5}, "y": {"v100": 1.0, "k80": 0.25}}
+    return RateModel(PairRates(table), ContentionModel(1.0, xi2=0.0), {t: 0.0 for t in table})
+
+
+def _sharing_jobs(rng: random.Random) -> list[TraceJob]:
+    """3-5 jobs of x and y, mostly single-GPU, with mixed releases and weights."""
+    return [TraceJob(i, rng.choice("xy"), rng.choice((1, 1, 1, 2)), float(rng.choice((0, 0, 20, 60))),
+                     float(rng.randint(40, 200)), weight=float(rng.randint(1, 3))) for i in range(rng.randint(3, 5))]
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_colocation_bound_is_never_above_any_policy(seed: int) -> None:
     """Single-GPU x and y may share a V100 (0.8 steps/s each); every policy's schedule, the co-locating ones
     included, and every list schedule stay at or above the bound."""
-    from slurmhet.sim.contention import ContentionModel
-    from slurmhet.sim.rates import RateModel
-
     rng = random.Random(100 + seed)
-    table = {"x": {"v100": 1.0, "k80": 0.5}, "y": {"v100": 1.0, "k80": 0.25}}
-    shared = RateModel(PairRates(table), ContentionModel(1.0, xi2=0.0), {t: 0.0 for t in table})
+    shared = _sharing_xy()
     capacity = {"v100": 2, "k80": rng.randint(2, 3)}
-    jobs = [TraceJob(i, rng.choice("xy"), rng.choice((1, 1, 1, 2)), float(rng.choice((0, 0, 20, 60))),
-                     float(rng.randint(40, 200)), weight=float(rng.randint(1, 3))) for i in range(rng.randint(3, 5))]
+    jobs = _sharing_jobs(rng)
     bound = instance_bounds(jobs, capacity, shared, start_s=5.0, colocates=True)
     _assert_never_above(bound, jobs, capacity, shared, SimConfig(round_s=60.0, restart_s=5.0, start_s=5.0))
 
@@ -291,16 +301,11 @@ def test_long_start_ups_keep_every_policy_at_or_above_the_bound(seed: int) -> No
     """Start-up up to 120 s with restarts of 0-5 s, co-location on: a policy that moved a job during its
     start-up used to pay only the restart, so gavel-mmf ended seed 52 at 304 s under a makespan bound of 319 s
     (job 0's 199 s of work after its 120 s start-up); seeds 3 and 10 broke the JCT bounds the same way."""
-    from slurmhet.sim.contention import ContentionModel
-    from slurmhet.sim.rates import RateModel
-
     rng = random.Random(100 + seed)
-    table = {"x": {"v100": 1.0, "k80": 0.5}, "y": {"v100": 1.0, "k80": 0.25}}
-    shared = RateModel(PairRates(table), ContentionModel(1.0, xi2=0.0), {t: 0.0 for t in table})
+    shared = _sharing_xy()
     capacity = {"v100": 2, "k80": rng.randint(2, 3)}
     start_s = rng.choice((20.0, 60.0, 120.0))
-    jobs = [TraceJob(i, rng.choice("xy"), rng.choice((1, 1, 1, 2)), float(rng.choice((0, 0, 20, 60))),
-                     float(rng.randint(40, 200)), weight=float(rng.randint(1, 3))) for i in range(rng.randint(3, 5))]
+    jobs = _sharing_jobs(rng)
     restart_s = rng.choice((0.0, 5.0))
     bound = instance_bounds(jobs, capacity, shared, start_s=start_s, colocates=True)
     _assert_never_above(bound, jobs, capacity, shared, SimConfig(round_s=60.0, restart_s=restart_s, start_s=start_s))
