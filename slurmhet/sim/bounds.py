@@ -66,6 +66,10 @@ MAX_RELEASE_POINTS = 200
 GRID_INTERVALS = 80
 #: The makespan LP prices co-location pair by pair up to this many pairs (beyond, by the gains).
 MAX_PAIRS = 20_000
+#: Rounds of tangent cuts at the interval LP's own solution (each valid), stopping once a round adds less
+#: than this share to the bound.
+CUT_ROUNDS = 4
+CUT_GAIN = 1e-3
 #: No LP above this many columns.
 MAX_LP_COLUMNS = 150_000
 
@@ -328,7 +332,10 @@ def _interval_lp(inst: _Instance, alone: np.ndarray, running: np.ndarray, forks:
     share of its work done in interval ``i``; its work goes at most at rate ``S_j / p_j``, so it spans at
     least ``p_j`` and ``C_j >= M_j + p_j / 2`` (``p_j``, not ``alone_j``: start-up makes no progress, so it
     does not spread the work, and a job may spend it on GPUs it leaves before it works); and
-    ``C_j >= r_j + alone_j``. Minimising ``sum w_j C_j`` under these constraints so bounds every schedule's.
+    ``C_j >= r_j + alone_j``. Without forking, ``C_j - M_j`` is also at least half the job's run at the rates
+    its work gets in the LP (:func:`_span_cuts`: a job the LP runs on slow GPUs pays their length there, not
+    its fastest run's), by tangent cuts, first at each column kind alone and then at the LP's own solution
+    until they stop paying. Minimising ``sum w_j C_j`` under these constraints so bounds every schedule's.
 
     Separate alone and shared columns keep the LP from running a single-GPU job at its alone rate while
     booking it only ``1 / e`` of a GPU (one column at ``u e`` per GPU-second allowed that); the time rows
@@ -395,6 +402,8 @@ def _interval_lp(inst: _Instance, alone: np.ndarray, running: np.ndarray, forks:
     for (g, i), cols in by_type_interval.items():
         idx = np.array(cols, dtype=np.int32)
         model.addRow(0.0, float(inst.capacity[g] * lengths[i]), len(idx), idx, booked[idx])
+    if not forks:
+        _span_cuts(model, cells, work, starts[interval], inst.gpus, inst.steps, n_y, None)
     peak = inst.steps / running  # S_j / p_j: no job's work goes faster (E1-E3)
     for (j, i), cols in by_job_interval.items():
         idx = np.array(cols, dtype=np.int32)
@@ -404,8 +413,58 @@ def _interval_lp(inst: _Instance, alone: np.ndarray, running: np.ndarray, forks:
     model.run()
     if model.getModelStatus() != highspy.HighsModelStatus.kOptimal:
         return 0.0
-    completions = np.array(model.getSolution().col_value[n_y:])
-    return float((weight * (completions - inst.arrival)).sum())
+    best = float(weight @ (np.array(model.getSolution().col_value[n_y:]) - inst.arrival))
+    if not forks:
+        model.setOptionValue("solver", "simplex")  # warm from the last basis as cuts come in
+        for _ in range(CUT_ROUNDS):
+            solution = np.array(model.getSolution().col_value)
+            _span_cuts(model, cells, work, starts[interval], inst.gpus, inst.steps, n_y, solution[:n_y])
+            model.run()
+            if model.getModelStatus() != highspy.HighsModelStatus.kOptimal:
+                break  # the last solved LP's value stands
+            value = float(weight @ (np.array(model.getSolution().col_value[n_y:]) - inst.arrival))
+            gain, best = value - best, max(best, value)
+            if gain <= CUT_GAIN * best:
+                break
+    return best
+
+
+def _span_cuts(model: highspy.Highs, cells: list[tuple[int, tuple[int, float, float, float], int]],
+               work: np.ndarray, start: np.ndarray, gpus: np.ndarray, steps: np.ndarray, first_c: int,
+               at: np.ndarray | None) -> None:
+    """Tangent cuts of ``C_j >= M_j + f_j(W) / S_j``: at each pure point ``W = S_j e_k`` (``at`` None), or at
+    the work per kind of the LP solution ``at`` (its first ``len(cells)`` columns).
+
+    A job's work of kind k (a column layout: type, alone or shared) goes at most at ``R_k = k_j work / busy``
+    (all its width on that kind; a mix of kinds at once is a convex combination). ``C_j - M_j =
+    (1 / S_j) * integral (C_j - t) rate(t) dt``, smallest when the fastest work comes last and at full rate
+    (each unit of work as near ``C_j`` as it can be: shortest units last), which gives
+    ``f(W) = 1/2 W^T Q W``, ``Q[k, l] = 1 / max(R_k, R_l)``; Q is positive semidefinite (``1 / R`` of the faster
+    of the two, a min-kernel), so f lies above every tangent ``f(W) >= (Q W0) . W - f(W0)``. At ``W0 = S_j e_k``:
+    ``C_j >= sum_cols share * (a_i + S_j / max(R_col, R_k)) - S_j / (2 R_k)``, ``M_j >= sum share * a_i``
+    as in the mean-busy row. A job all on one slow type so ends half its run there past its mean.
+    """
+    by_job: dict[int, list[int]] = {}
+    for col, (j, _, _) in enumerate(cells):
+        by_job.setdefault(j, []).append(col)
+    inf = highspy.kHighsInf
+    for j, cols_list in by_job.items():
+        cols = np.array(cols_list, dtype=np.int32)
+        rate = np.array([gpus[j] * kind[1] / kind[3] for _, kind, _ in (cells[c] for c in cols_list)])
+        share = work[cols] / steps[j]
+        if at is None:
+            points = [(1.0 / np.maximum(rate, r_k), steps[j] / (2 * r_k)) for r_k in np.unique(rate)]
+        else:
+            # Tangent at the LP's own work per rate: (Q W0)_col = sum_l W0_l / max(R_col, R_l), f0 = W0.QW0 / 2.
+            levels, where = np.unique(rate, return_inverse=True)
+            w0 = np.bincount(where, weights=work[cols] * at[cols], minlength=len(levels))
+            q = 1.0 / np.maximum.outer(levels, levels)
+            grad = q @ w0
+            points = [(grad[where] / steps[j], float(w0 @ q @ w0) / (2 * steps[j]))]
+        for slope, f0 in points:
+            coef = -share * (start[cols] + steps[j] * slope)
+            model.addRow(float(-f0), inf, len(cols) + 1,
+                         np.array([first_c + j, *cols], dtype=np.int32), np.array([1.0, *coef]))
 
 
 def _column_kinds(inst: _Instance, split: bool) -> list[list[tuple[int, float, float, float]]]:

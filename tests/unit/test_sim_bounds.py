@@ -328,3 +328,16 @@ def test_the_interval_lp_splits_a_sharing_jobs_columns_unless_too_many() -> None
     assert split[0] == [(0, 1.0, 1.0, 1.0), (0, 1.0, pytest.approx(1 / 1.6), pytest.approx(1 / 0.8))]
     assert merged[0] == [(0, pytest.approx(1.6), 1.0, 1.0)]
     assert split[2] == merged[2] == [(0, 1.0, 1.0, 1.0)]
+
+
+def test_a_job_run_on_slow_gpus_ends_half_that_run_past_its_mean() -> None:
+    """Three 100-step jobs at 0 on one V100 (1 step/s) and two K80s (0.5): the best schedule found runs A on the
+    V100 (ends 100), B and C on the K80s, then B on the V100 (150) and C after it (175), avg 141.7. A job's mean
+    busy time plus half its fastest run let the LP put B's and C's K80 work early and end them as if they had
+    run on the V100 (132.0); charged half the run at the rates their work gets, the bound is above 135."""
+    rates = tiny({"x": {"v100": 1.0, "k80": 0.5}})
+    jobs = [TraceJob(i, "x", 1, 0.0, 100.0) for i in range(3)]
+    capacity = {"v100": 1, "k80": 2}
+    bound = instance_bounds(jobs, capacity, rates)
+    assert 135.0 < bound.avg_jct <= (100.0 + 150.0 + 175.0) / 3 + 1e-6
+    _assert_never_above(bound, jobs, capacity, rates, SimConfig(round_s=5.0, restart_s=0.0))
