@@ -74,7 +74,11 @@ def test_replan_is_idempotent_and_submits_waiting_jobs_when_gpus_free(
         tmp_path: Path, state_dir: Path, since: datetime, leftovers: list[str]) -> None:
     gpus = usable_gpus()
     n = gpus + 2
-    out = submit(state_dir, write(tmp_path / "many.yaml", *[job(f"many{i}", ["sleep", "15"]) for i in range(n)]))
+    # Each job runs until the test lets it go (at most 5 minutes), so no GPU frees between the two replans
+    # however slow they are; a fixed sleep raced them on a loaded machine.
+    go = tmp_path / "go"
+    hold = ["sh", "-c", 'i=0; until [ -e "$1" ] || [ "$i" -ge 300 ]; do sleep 1; i=$((i + 1)); done', "hold", str(go)]
+    out = submit(state_dir, write(tmp_path / "many.yaml", *[job(f"many{i}", hold) for i in range(n)]))
     ids = [o["job_id"] for o in out]
     started = [o["job_id"] for o in out if o["state"] == "SUBMITTED"]
     waiting = [o["job_id"] for o in out if o["state"] == "PENDING"]
@@ -96,6 +100,7 @@ def test_replan_is_idempotent_and_submits_waiting_jobs_when_gpus_free(
     assert {i: r["slurm"] and r["slurm"][0]["id"] for i, r in status(state_dir).items()} == \
         {i: r["slurm"] and r["slurm"][0]["id"] for i, r in rows_before.items()}
 
+    go.touch()
     wait_for(state_dir, started, timeout=180)
     third = replan(state_dir)
     assert set(submitted_by(third.stdout)) == set(waiting), third.stdout
