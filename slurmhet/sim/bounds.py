@@ -403,7 +403,9 @@ def _interval_lp(inst: _Instance, alone: np.ndarray, running: np.ndarray, forks:
         idx = np.array(cols, dtype=np.int32)
         model.addRow(0.0, float(inst.capacity[g] * lengths[i]), len(idx), idx, booked[idx])
     if not forks:
-        _span_cuts(model, cells, work, starts[interval], inst.gpus, inst.steps, n_y, None)
+        job_of = np.array([j for j, _, _ in cells])
+        rate = inst.gpus[job_of] * work / busy  # R_k of each column's kind: all the job's width on it
+        _span_cuts(model, by_job, work, rate, starts[interval], inst.steps, n_y, None)
     peak = inst.steps / running  # S_j / p_j: no job's work goes faster (E1-E3)
     for (j, i), cols in by_job_interval.items():
         idx = np.array(cols, dtype=np.int32)
@@ -418,7 +420,7 @@ def _interval_lp(inst: _Instance, alone: np.ndarray, running: np.ndarray, forks:
         model.setOptionValue("solver", "simplex")  # warm from the last basis as cuts come in
         for _ in range(CUT_ROUNDS):
             solution = np.array(model.getSolution().col_value)
-            _span_cuts(model, cells, work, starts[interval], inst.gpus, inst.steps, n_y, solution[:n_y])
+            _span_cuts(model, by_job, work, rate, starts[interval], inst.steps, n_y, solution[:n_y])
             model.run()
             if model.getModelStatus() != highspy.HighsModelStatus.kOptimal:
                 break  # the last solved LP's value stands
@@ -429,11 +431,10 @@ def _interval_lp(inst: _Instance, alone: np.ndarray, running: np.ndarray, forks:
     return best
 
 
-def _span_cuts(model: highspy.Highs, cells: list[tuple[int, tuple[int, float, float, float], int]],
-               work: np.ndarray, start: np.ndarray, gpus: np.ndarray, steps: np.ndarray, first_c: int,
-               at: np.ndarray | None) -> None:
+def _span_cuts(model: highspy.Highs, by_job: Mapping[int, list[int]], work: np.ndarray, rates: np.ndarray,
+               start: np.ndarray, steps: np.ndarray, first_c: int, at: np.ndarray | None) -> None:
     """Tangent cuts of ``C_j >= M_j + f_j(W) / S_j``: at each pure point ``W = S_j e_k`` (``at`` None), or at
-    the work per kind of the LP solution ``at`` (its first ``len(cells)`` columns).
+    the work per kind of the LP solution ``at`` (its work columns); ``rates[col]`` is ``R_k`` of the column's kind.
 
     A job's work of kind k (a column layout: type, alone or shared) goes at most at ``R_k = k_j work / busy``
     (all its width on that kind; a mix of kinds at once is a convex combination). ``C_j - M_j =
@@ -444,13 +445,10 @@ def _span_cuts(model: highspy.Highs, cells: list[tuple[int, tuple[int, float, fl
     ``C_j >= sum_cols share * (a_i + S_j / max(R_col, R_k)) - S_j / (2 R_k)``, ``M_j >= sum share * a_i``
     as in the mean-busy row. A job all on one slow type so ends half its run there past its mean.
     """
-    by_job: dict[int, list[int]] = {}
-    for col, (j, _, _) in enumerate(cells):
-        by_job.setdefault(j, []).append(col)
     inf = highspy.kHighsInf
     for j, cols_list in by_job.items():
         cols = np.array(cols_list, dtype=np.int32)
-        rate = np.array([gpus[j] * kind[1] / kind[3] for _, kind, _ in (cells[c] for c in cols_list)])
+        rate = rates[cols]
         share = work[cols] / steps[j]
         if at is None:
             points = [(1.0 / np.maximum(rate, r_k), steps[j] / (2 * r_k)) for r_k in np.unique(rate)]
