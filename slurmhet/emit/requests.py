@@ -46,6 +46,11 @@ class Launch:
     #: Extra srun options (pyxis's ``--container-image``).
     srun_options: tuple[str, ...] = ()
 
+    def script_vars(self) -> dict[str, tuple[str, ...]]:
+        """The launch variables every job script template reads, passed the same way by each request form."""
+        return {"launcher": self.launcher, "program": self.program, "modules": self.modules,
+                "srun_options": self.srun_options}
+
 
 @dataclass(frozen=True)
 class Common:
@@ -211,10 +216,7 @@ class BatchRequest:
             tasks=tasks,
             env=plan_env(self.common.job_id, self.shard_weights, [self.gpu_type] * tasks, self.plan_env)
             + self.launch.env,
-            launcher=self.launch.launcher,
-            program=self.launch.program,
-            modules=self.launch.modules,
-            srun_options=self.launch.srun_options,
+            **self.launch.script_vars(),
         )
         return Materialized(tuple(opts), script)
 
@@ -256,10 +258,7 @@ class HetJobRequest:
             components=self.components,
             groups=",".join(str(i) for i in range(len(self.components))),
             env=plan_env(self.common.job_id, self.shard_weights, rank_types, self.plan_env) + self.launch.env,
-            launcher=self.launch.launcher,
-            program=self.launch.program,
-            modules=self.launch.modules,
-            srun_options=self.launch.srun_options,
+            **self.launch.script_vars(),
         )
         return Materialized(tuple(argv), script)
 
@@ -339,10 +338,7 @@ class ArrayRequest:
             array=self.array_spec(),
             task_offset=self.chunk.task_offset,
             env=env + self.launch.env,
-            launcher=self.launch.launcher,
-            program=self.launch.program,
-            modules=self.launch.modules,
-            srun_options=self.launch.srun_options,
+            **self.launch.script_vars(),
         )
         return Materialized(tuple(opts), script)
 
@@ -398,9 +394,7 @@ class SweepArrayRequest:
             array=self.array_spec(),
             env=self.launch.env,
             members=members,
-            launcher=self.launch.launcher,
-            modules=self.launch.modules,
-            srun_options=self.launch.srun_options,
+            **self.launch.script_vars(),  # each member brings its own program
         )
         return Materialized(tuple(opts), script)
 
