@@ -341,3 +341,16 @@ def test_a_job_run_on_slow_gpus_ends_half_that_run_past_its_mean() -> None:
     bound = instance_bounds(jobs, capacity, rates)
     assert 135.0 < bound.avg_jct <= (100.0 + 150.0 + 175.0) / 3 + 1e-6
     _assert_never_above(bound, jobs, capacity, rates, SimConfig(round_s=5.0, restart_s=0.0))
+
+
+def test_work_a_job_books_past_an_early_point_ends_after_it() -> None:
+    """A (200 steps at 0) and B (100 steps at 100) on one V100 (1 step/s) and one K80 (0.5): the best schedules
+    end them at 200 and 250 (A on the V100, B on the K80 until 200 and then on the V100; or B on the V100 first),
+    avg 175. The mean-busy rows let the LP book part of A's work after A's own completion (bound 162.3); the
+    seconds A works from each grid point up to its earliest end on must fit before it ends: above 170 (175 here)."""
+    rates = tiny({"x": {"v100": 1.0, "k80": 0.5}})
+    jobs = [TraceJob(0, "x", 1, 0.0, 200.0), TraceJob(1, "x", 1, 100.0, 100.0)]
+    capacity = {"v100": 1, "k80": 1}
+    bound = instance_bounds(jobs, capacity, rates)
+    assert 170.0 < bound.avg_jct <= 175.0 + 1e-6
+    _assert_never_above(bound, jobs, capacity, rates, SimConfig(round_s=5.0, restart_s=0.0))
