@@ -172,8 +172,11 @@ def _clear_leftovers(read: Callable[[], str], cancel: Callable[[list[str]], None
     Each test has its own store and cancels the jobs it made, and nothing else submits between tests, so a job
     listed when a test starts outlived the test that made it. It holds GPUs that the next test's plan, counting
     the cluster's, does not expect. On 24.11 one such job held a V100 for the rest of a run and failed 9 replan
-    tests, whose blockers had to take every usable GPU. A job still there after the wait joins ``waited`` and is
-    not waited for again: the test runs, and the node check and its own assertions say the rest.
+    tests, whose blockers had to take every usable GPU. A job that comes back pending or running after it was
+    seen completing requeued itself on the cancel's SIGTERM (slurmhet's in-job wrapper takes SIGTERM for a
+    preemption, and 26.05 requeued a cancelled job that way in CI, 2026-12-06), so it is cancelled again. A job
+    still there after the wait joins ``waited`` and is not waited for again: the test runs, and the node check
+    and its own assertions say the rest.
     """
     left = _job_rows(read())
     if not left:
@@ -181,13 +184,24 @@ def _clear_leftovers(read: Callable[[], str], cancel: Callable[[list[str]], None
     cancel(sorted(left))
     said = "dev cluster: cancelled job(s) an earlier test left in the queue: " + "; ".join(
         f"{job_id} ({what})" for job_id, what in sorted(left.items()))
+    completing: set[str] = set()
+    requeued: set[str] = set()
     deadline = clock() + wait_s
     while still := {job_id: what for job_id, what in _job_rows(read()).items() if job_id not in waited}:
+        states = {job_id: what.split()[1] if len(what.split()) > 1 else "" for job_id, what in still.items()}
+        if back := sorted(job_id for job_id in completing if states.get(job_id) in ("PENDING", "RUNNING")):
+            cancel(back)
+            requeued.update(back)
+            completing.difference_update(back)
+        completing.update(job_id for job_id, state in states.items() if state == "COMPLETING")
         if clock() > deadline:
             waited.update(still)
-            return said + f"; still there after {wait_s:.0f}s: " + "; ".join(
+            said += f"; still there after {wait_s:.0f}s: " + "; ".join(
                 f"{job_id} ({what})" for job_id, what in sorted(still.items()))
+            break
         sleep(2)
+    if requeued:
+        said += "; cancelled again after requeueing themselves: " + ", ".join(sorted(requeued))
     return said
 
 

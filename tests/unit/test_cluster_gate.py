@@ -112,3 +112,14 @@ def test_a_job_that_outlasts_the_wait_is_named_and_not_waited_for_again() -> Non
     said = _clear_leftovers(again.read, cancelled.append, 240, waited, clock=lambda: again.now, sleep=again.sleep)
     assert said == "dev cluster: cancelled job(s) an earlier test left in the queue: 4113 (root COMPLETING w-blocker3)"
     assert again.reads == 2 and again.now == 0
+
+
+def test_a_job_that_requeues_itself_on_the_cancel_is_cancelled_again() -> None:
+    """26.05 in CI: a cancelled slurmhet job went from COMPLETING back to PENDING (its wrapper requeued it on the
+    cancel's SIGTERM) and held a V100 through the next test."""
+    script = [LEFT, "4113|root|COMPLETING|hidden\n", "4113|root|PENDING|hidden\n", ""]
+    clock, cancelled, waited = _Clock(script), list[list[str]](), set[str]()
+    said = _clear_leftovers(clock.read, cancelled.append, 240, waited, clock=lambda: clock.now, sleep=clock.sleep)
+    assert cancelled == [["4113", "4120"], ["4113"]]
+    assert said is not None and said.endswith("; cancelled again after requeueing themselves: 4113")
+    assert waited == set() and clock.reads == 4
