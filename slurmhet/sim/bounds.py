@@ -388,6 +388,8 @@ def _interval_lp(inst: _Instance, alone: np.ndarray, running: np.ndarray, forks:
     work = np.array([kind[1] for _, kind, _ in cells])
     booked = np.array([kind[2] for _, kind, _ in cells])
     busy = np.array([kind[3] for _, kind, _ in cells])
+    job_of = np.array([j for j, _, _ in cells])
+    held = busy / inst.gpus[job_of]  # the job's seconds per unit of each column (GPU-seconds over k_j)
     interval = np.array([i for _, _, i in cells])
     for j in range(n):
         cols = np.array(by_job[j], dtype=np.int32)
@@ -400,13 +402,12 @@ def _interval_lp(inst: _Instance, alone: np.ndarray, running: np.ndarray, forks:
         if not forks:  # k_j (C_j - r_j - start_s) >= the job's seconds
             model.addRow(float(inst.arrival[j] + start_up[j]), inf, len(cols) + 1,
                          np.array([n_y + j, *cols], dtype=np.int32),
-                         np.array([1.0, *(-busy[cols] / inst.gpus[j])]))
+                         np.array([1.0, *(-held[cols])]))
     for (g, i), cols in by_type_interval.items():
         idx = np.array(cols, dtype=np.int32)
         model.addRow(0.0, float(inst.capacity[g] * lengths[i]), len(idx), idx, booked[idx])
     if not forks:
-        job_of = np.array([j for j, _, _ in cells])
-        rate = inst.gpus[job_of] * work / busy  # R_k of each column's kind: all the job's width on it
+        rate = work / held  # R_k of each column's kind: all the job's width on it
         _span_cuts(model, by_job, work, rate, starts[interval], inst.steps, n_y, None)
     peak = inst.steps / running  # S_j / p_j: no job's work goes faster (E1-E3)
     for (j, i), cols in by_job_interval.items():
@@ -423,7 +424,7 @@ def _interval_lp(inst: _Instance, alone: np.ndarray, running: np.ndarray, forks:
         for _ in range(CUT_ROUNDS):
             solution = np.array(model.getSolution().col_value)
             _span_cuts(model, by_job, work, rate, starts[interval], inst.steps, n_y, solution[:n_y])
-            _tail_cuts(model, by_job, busy / inst.gpus[job_of], interval, starts, inst.arrival + alone, n_y, solution)
+            _tail_cuts(model, by_job, held, interval, starts, inst.arrival + alone, n_y, solution)
             model.run()
             if model.getModelStatus() != highspy.HighsModelStatus.kOptimal:
                 break  # the last solved LP's value stands
@@ -451,13 +452,14 @@ def _tail_cuts(model: highspy.Highs, by_job: Mapping[int, list[int]], seconds: n
     for j, cols_list in by_job.items():
         cols = np.array(cols_list, dtype=np.int32)
         late_first = cols[np.argsort(-interval[cols], kind="stable")]
+        where = interval[late_first]
         after = np.cumsum(seconds[late_first] * at[late_first])  # the job's seconds from each column's interval on
-        ends = np.r_[interval[late_first][1:] != interval[late_first][:-1], True]  # last column of each interval
-        start = points[interval[late_first][ends]]
+        ends = np.r_[where[1:] != where[:-1], True]  # last column of each interval
+        start = points[where[ends]]
         need = np.where(start <= earliest_end[j], start + after[ends], -inf)
         best = int(np.argmax(need))
         if need[best] - at[first_c + j] > 1e-6 * max(1.0, abs(at[first_c + j])):
-            tail = cols[interval[cols] >= interval[late_first][ends][best]]
+            tail = cols[interval[cols] >= where[ends][best]]
             model.addRow(float(start[best]), inf, len(tail) + 1, np.array([first_c + j, *tail], dtype=np.int32),
                          np.array([1.0, *(-seconds[tail])]))
 
