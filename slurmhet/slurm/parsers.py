@@ -461,6 +461,40 @@ def parse_squeue_json(stdout: str) -> list[QueueRecord]:
     return out
 
 
+@dataclass(frozen=True)
+class StoppingJob:
+    """What ``scontrol show job --oneliner`` says of a job whose run was just told to stop.
+
+    Measured on 22.05, 24.11 and 26.05 (tests/fixtures/slurm-*/scontrol_show_job_stop_*.txt): a job Slurm is
+    cancelling, requeueing (``scontrol requeue``) or killing after a preemption's grace is COMPLETING from the
+    moment its tasks get SIGTERM; one preempted within its partition's GraceTime is still RUNNING with its
+    PreemptTime set; a job only signalled (``scancel --signal``) is RUNNING with PreemptTime None.
+    """
+
+    #: JobState of each line: one per het component, else one.
+    states: tuple[str, ...]
+    preempt_time: datetime | None
+
+    @property
+    def ending(self) -> bool:
+        """Slurm itself is ending this run: whether the job runs again is Slurm's decision, not the job's."""
+        return any(s != "RUNNING" for s in self.states)
+
+    @property
+    def preempted(self) -> bool:
+        return not self.ending and self.preempt_time is not None
+
+
+def parse_scontrol_job_stopping(text: str) -> StoppingJob:
+    """``scontrol show job --oneliner ID`` of a running (or ending) job -> its ``StoppingJob``."""
+    rows = [parse_oneliner(line) for line in text.splitlines() if line.strip()]
+    states = tuple(row["JobState"] for row in rows if row.get("JobState"))
+    if not states or len(states) != len(rows):
+        raise SlurmOutputError(f"cannot read JobState from scontrol show job output {text.strip()[:200]!r}")
+    preempt = [t for row in rows if (t := parse_slurm_time(row.get("PreemptTime", ""))) is not None]
+    return StoppingJob(states, min(preempt) if preempt else None)
+
+
 def parse_scontrol_config(text: str) -> dict[str, str]:
     """``scontrol show config`` -> {Key: value}."""
     out = {}

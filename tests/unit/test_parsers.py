@@ -194,3 +194,30 @@ def test_bad_squeue_json_names_the_command(change: dict[str, object]) -> None:
            "tres_per_node": "gres:gpu:1", "node_count": 2, **change}
     with pytest.raises(SlurmOutputError, match="squeue --json"):
         parsers.parse_squeue_json(json.dumps({"jobs": [job]}))
+
+
+def test_a_stopping_job_tells_a_cancel_from_a_preemption_from_a_signal(rec: Recorded) -> None:
+    """runtime/checkpoint requeues on these: a job Slurm is ending must never requeue itself."""
+    running = parsers.parse_scontrol_job_stopping(rec.read("scontrol_show_job_stop_running.txt"))
+    assert (running.states, running.preempt_time, running.ending, running.preempted) == (("RUNNING",), None, False,
+                                                                                           False)
+    preempted = parsers.parse_scontrol_job_stopping(rec.read("scontrol_show_job_stop_preempted.txt"))
+    assert preempted.states == ("RUNNING",) and preempted.preempt_time is not None
+    assert preempted.preempted and not preempted.ending
+    cancelled = parsers.parse_scontrol_job_stopping(rec.read("scontrol_show_job_stop_cancelled.txt"))
+    assert cancelled.states == ("COMPLETING",) and cancelled.ending and not cancelled.preempted
+
+
+def test_a_stopping_het_job_is_ending_when_any_component_is() -> None:
+    from tests.unit.recorded import FIXTURES
+    text = (FIXTURES / "slurm-22.05" / "scontrol_show_job_het_oneliner.txt").read_text()
+    het = parsers.parse_scontrol_job_stopping(text)
+    assert het.states == ("RUNNING", "RUNNING") and not het.ending
+    first, second = text.splitlines()
+    assert parsers.parse_scontrol_job_stopping(f"{first}\n{second.replace('JobState=RUNNING', 'JobState=COMPLETING')}").ending
+
+
+@pytest.mark.parametrize("text", ["", "slurm_load_jobs error: Invalid job id specified\n", "JobId=5 Name=x\n"])
+def test_a_stopping_job_without_a_state_is_refused(text: str) -> None:
+    with pytest.raises(SlurmOutputError, match="cannot read JobState"):
+        parsers.parse_scontrol_job_stopping(text)
