@@ -10,13 +10,25 @@ any number of ranks.
 Signals. Emitted scripts ask Slurm for ``--signal=B:USR2@N`` (not when the
 time limit is N + 60 s or less: the signal could come as the job starts, and
 SIGTERM at the limit is then the warning); the launcher forwards it (and
-SIGTERM) to the training process. As in submitit, the time
-left decides whether this is the time limit or a preemption: when fewer than
-``N + 90`` seconds remain (Slurm may signal up to 60 s early) it is a timeout,
-otherwise a preemption. The time left comes from ``SLURM_JOB_END_TIME``, else
-from ``SLURMHET_TIME_LIMIT_S`` and the launcher's start time; with neither,
-SIGUSR2 means timeout and SIGTERM preemption. Rank 0 then checkpoints
-atomically; a preempted job requeues itself, a timed-out one requeues up to
+SIGTERM) to the training process. When all ranks have stopped, rank 0
+checkpoints atomically and then asks Slurm what it is doing to the job
+(``scontrol show job``, parsed by ``slurm.parsers.parse_scontrol_job_stopping``):
+
+- Slurm is ending the run (COMPLETING: ``scancel``, ``scontrol requeue``, a
+  preemption past its grace): ``cancelled``. The job never requeues itself
+  then: a cancelled job stays cancelled, and a run Slurm requeues is requeued
+  once, by Slurm.
+- Preempted within GraceTime (RUNNING, PreemptTime set): ``preempted``; the
+  job requeues itself, since 22.05 ends a preempted job that exits within its
+  grace without requeueing it.
+- Otherwise (only signalled), as in submitit, the time left decides: when
+  fewer than ``N + 90`` seconds remain (Slurm may signal up to 60 s early) it
+  is a ``timeout``, otherwise a ``preempted`` (asked to vacate). The time left
+  comes from ``SLURM_JOB_END_TIME``, else from ``SLURMHET_TIME_LIMIT_S`` and
+  the launcher's start time; with neither, SIGUSR2 means timeout and SIGTERM
+  preemption. The same rule applies when Slurm cannot be asked.
+
+A preempted job requeues itself, a timed-out one requeues up to
 ``SLURMHET_MAX_TIMEOUT_REQUEUES`` (default 3) times and otherwise ends cleanly,
 leaving the checkpoint and a ``timeout`` progress state for the replanner.
 """
@@ -34,6 +46,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping
 from slurmhet.errors import InputError, SystemFailure
 from slurmhet.runtime.output import say
 from slurmhet.runtime.progress import atomic_write
+from slurmhet.slurm.parsers import StoppingJob, parse_scontrol_job_stopping
 
 if TYPE_CHECKING:
     import torch
@@ -44,6 +57,8 @@ CONSOLIDATED_NAME = "consolidated.pt"
 DEFAULT_SIGNAL_LEAD_S = 120
 EARLY_SIGNAL_SLACK_S = 90
 DEFAULT_MAX_TIMEOUT_REQUEUES = 3
+#: Seconds to wait for ``scontrol show job`` when a run stops.
+STOP_QUERY_TIMEOUT_S = 10
 
 
 @dataclass
@@ -231,7 +246,7 @@ def _float(env: Mapping[str, str], name: str) -> float | None:
 
 
 def classify_stop(signum: int | None, env: Mapping[str, str], now: float) -> str:
-    """``"timeout"`` or ``"preempted"`` (see the module docstring for the rule).
+    """``"timeout"`` or ``"preempted"`` from the signal and the time left alone (the module docstring's rule).
 
     ``signum`` is None on a rank that stops because a peer was signalled.
     """
@@ -246,13 +261,26 @@ def classify_stop(signum: int | None, env: Mapping[str, str], now: float) -> str
     return "timeout" if end - now <= lead + EARLY_SIGNAL_SLACK_S else "preempted"
 
 
+def stop_reason(signum: int | None, env: Mapping[str, str], now: float, slurm: StoppingJob | None) -> str:
+    """``"cancelled"``, ``"preempted"`` or ``"timeout"``: what Slurm says it is doing first, then the signal.
+
+    ``slurm`` is None when Slurm could not be asked; the signal and the time left then decide alone.
+    """
+    if slurm is not None and slurm.ending:
+        return "cancelled"
+    if slurm is not None and slurm.preempted:
+        return "preempted"
+    return classify_stop(signum, env, now)
+
+
 def should_requeue(reason: str, env: Mapping[str, str]) -> bool:
     """Preemption is never the job's fault: requeue. A timeout requeues a bounded number of times.
 
+    A run Slurm is ending (``cancelled``) never requeues itself: its owner cancelled it, or Slurm requeues it.
     A profiling run (``SLURMHET_PROFILE_STEPS``) never requeues: its launcher stops it with SIGTERM once it
     has measured, and a run stopped early has measured what it could.
     """
-    if env.get("SLURMHET_PROFILE_STEPS"):
+    if env.get("SLURMHET_PROFILE_STEPS") or reason == "cancelled":
         return False
     if reason == "preempted":
         return True
@@ -268,6 +296,18 @@ def requeue_target(env: Mapping[str, str]) -> str:
     if not env.get("SLURM_JOB_ID"):
         raise SystemFailure("cannot requeue: SLURM_JOB_ID is not set (not running under Slurm)")
     return env["SLURM_JOB_ID"]
+
+
+def ask_slurm(env: Mapping[str, str]) -> StoppingJob:
+    """``scontrol show job`` of this job, through the one Slurm runner: is Slurm ending or preempting it?
+
+    A short timeout: the run is within KillWait (or GraceTime) of its SIGKILL, and the checkpoint is written.
+    """
+    from slurmhet.slurm.runner import SubprocessRunner
+
+    result = SubprocessRunner(timeout=STOP_QUERY_TIMEOUT_S).run(
+        ["scontrol", "show", "job", "--oneliner", requeue_target(env)])
+    return parse_scontrol_job_stopping(result.stdout)
 
 
 def requeue_job(env: Mapping[str, str]) -> None:
@@ -286,22 +326,32 @@ class StopOutcome:
 
 def handle_stop(stop: StopRequest, *, rank: int, save: Callable[[], object], env: Mapping[str, str],
                 requeue: Callable[[Mapping[str, str]], None] = requeue_job,
+                slurm: Callable[[Mapping[str, str]], StoppingJob] = ask_slurm,
                 now: Callable[[], float] = time.time) -> StopOutcome:
-    """After all ranks agreed to stop: rank 0 checkpoints, then requeues or lets the job end.
+    """After all ranks agreed to stop: rank 0 checkpoints, asks Slurm why, then requeues or lets the job end.
 
-    A failed requeue is reported, not raised: the checkpoint is safe and the
-    ``preempted``/``timeout`` progress state lets the replanner resubmit.
+    The checkpoint comes first: a cancelled run has only KillWait left. Ranks other than 0 do not ask
+    Slurm (one query per job, not per rank) and report the signal's reason. A failed query or requeue is
+    reported, not raised: the checkpoint is safe and the progress state lets the replanner resubmit.
     """
-    reason = classify_stop(stop.signum, env, stop.received_at or now())
+    at = stop.received_at or now()
     if rank != 0:
-        return StopOutcome(reason, False, "rank 0 checkpoints and requeues")
+        return StopOutcome(classify_stop(stop.signum, env, at), False, "rank 0 checkpoints and requeues")
     save()
+    if env.get("SLURMHET_PROFILE_STEPS"):
+        return StopOutcome(classify_stop(stop.signum, env, at), False, "a profiling run is not requeued")
+    unknown = ""
+    try:
+        view: StoppingJob | None = slurm(env)
+    except SystemFailure as exc:
+        view, unknown = None, f" (Slurm's view unknown: {exc}; the signal decided)"
+    reason = stop_reason(stop.signum, env, at, view)
     if not should_requeue(reason, env):
-        why = "a profiling run is not requeued" if env.get("SLURMHET_PROFILE_STEPS") else \
-            "timeout requeue limit reached; ending cleanly"
+        why = f"Slurm is ending this run ({'+'.join(sorted(set(view.states)))}): not requeued by the job" \
+            if view is not None and reason == "cancelled" else "timeout requeue limit reached; ending cleanly" + unknown
         return StopOutcome(reason, False, why)
     try:
         requeue(env)
     except SystemFailure as exc:
-        return StopOutcome(reason, False, f"requeue failed: {exc}")
-    return StopOutcome(reason, True, "requeued")
+        return StopOutcome(reason, False, f"requeue failed: {exc}" + unknown)
+    return StopOutcome(reason, True, "requeued" + unknown)

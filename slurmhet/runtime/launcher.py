@@ -47,7 +47,7 @@ from slurmhet.runtime.emulation import enabled as emulation_enabled
 from slurmhet.runtime.emulation import node_gpu_type
 from slurmhet.runtime.hostlist import expand_hostlist
 from slurmhet.runtime.output import say
-from slurmhet.runtime.progress import ProgressRecord, progress_path, read_record, write_progress
+from slurmhet.runtime.progress import STOPPED_STATES, ProgressRecord, progress_path, read_record, write_progress
 
 #: Step ids Slurm gives the batch script and the extern step; neither is an srun task.
 _NON_TASK_STEP_IDS = frozenset({"batch", "extern", "4294967294", "4294967295", "4294967291", "4294967292"})
@@ -372,16 +372,17 @@ def launch(argv: list[str], env: Mapping[str, str] | None = None) -> int:
             signal.signal(s, handler)
 
     last = read_record(rank_env.progress_file) or _initial_record(rank_env, emulation_enabled(base_env))
-    stopped_on_purpose = last.state in ("preempted", "timeout") and status in _STOP_KILL_STATUSES
+    stopped_on_purpose = last.state in STOPPED_STATES and status in _STOP_KILL_STATUSES
     if profiled:
         say(f"slurmhet run: profiled {last.steps_done - last.start_steps} steps at {last.samples_per_second:.1f} "
             "samples/s; stopped the command")
         state, code = "done", 0
     elif stopped_on_purpose:
-        # The run checkpointed and asked for a requeue; Slurm's requeue then kills it (143): not a failure.
+        # The run checkpointed and stopped (and may have asked for a requeue); Slurm's kill that follows
+        # (143) is not a failure.
         state, code = last.state, 0
     else:
-        state = last.state if last.state in ("preempted", "timeout", "done") and status == 0 else (
+        state = last.state if last.state in (*STOPPED_STATES, "done") and status == 0 else (
             "done" if status == 0 else "failed")
         code = status
     write_progress(rank_env.progress_file, replace(last, state=state, exit_code=code, updated_at=time.time()))

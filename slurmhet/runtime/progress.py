@@ -18,8 +18,10 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable, Mapping
 
-#: Run states a record can carry. ``timeout``/``preempted`` mean "checkpointed and stopped".
-STATES = ("starting", "running", "done", "failed", "preempted", "timeout")
+#: States of a run that checkpointed and stopped on a signal (runtime/checkpoint.stop_reason says which).
+STOPPED_STATES = ("preempted", "timeout", "cancelled")
+#: Run states a record can carry.
+STATES = ("starting", "running", "done", "failed", *STOPPED_STATES)
 
 
 @dataclass(frozen=True)

@@ -289,8 +289,10 @@ def _sacct_history(slurm_id: str) -> list[tuple[str, str]]:
     return [tuple(line.split("|")) for line in out.splitlines() if line.strip()]  # type: ignore[misc]
 
 
-def test_signal_checkpoints_then_ends_on_timeout_or_requeues_on_preemption(tmp_path: Path, client: SlurmCli) -> None:
-    """USR2 (Slurm's time-limit warning) -> timeout, clean end; SIGTERM (preemption) -> requeue and resume."""
+def test_signal_checkpoints_then_ends_on_timeout_requeues_on_preemption_and_stays_cancelled(tmp_path: Path,
+                                                                                           client: SlurmCli) -> None:
+    """USR2 (Slurm's time-limit warning) -> timeout, clean end; SIGTERM (preemption) -> requeue and resume;
+    scancel (Slurm ends the run) -> checkpoint, no requeue: the job stays cancelled."""
     env = product_env(tmp_path, client) + (("SLURMHET_EMULATE_THROUGHPUT", "1"),
                                            ("SLURMHET_EMULATED_SAMPLES_PER_S", "64"))  # 0.5 s per step
     jobs = {}
@@ -299,7 +301,7 @@ def test_signal_checkpoints_then_ends_on_timeout_or_requeues_on_preemption(tmp_p
     # (runtime/checkpoint.classify_stop) and taken for a preemption; 22.05 has no end time and goes by the signal.
     for job_id, kind, steps, extra in ((9401, "timeout", 40, (("SLURMHET_MAX_TIMEOUT_REQUEUES", "0"),
                                                               ("SLURMHET_SIGNAL_LEAD_S", "600"))),
-                                       (9402, "preempted", 20, ())):
+                                       (9402, "preempted", 20, ()), (9403, "cancelled", 200, ())):
         ckpt = tmp_path / f"ckpt-{kind}"
         launch = Launch((PY, TRAIN, "--steps", str(steps), *SMALL), LAUNCHER,
                         env + (("SLURMHET_CHECKPOINT_DIR", str(ckpt)),) + extra)
@@ -311,8 +313,10 @@ def test_signal_checkpoints_then_ends_on_timeout_or_requeues_on_preemption(tmp_p
             _wait_for_steps(progress_dir(env) / f"{job_id}.{slurm_id}.0.json", 3)
             if kind == "timeout":  # what --signal=B:USR2@N does: the batch shell (srun) gets it and forwards it
                 subprocess.run(["scancel", "--signal=USR2", "--batch", slurm_id], check=True, timeout=30)
-            else:  # preemption: the job's tasks get SIGTERM
+            elif kind == "preempted":  # a signal that ends nothing: the job's tasks get SIGTERM
                 subprocess.run(["scancel", "--signal=TERM", slurm_id], check=True, timeout=30)
+            else:  # its owner cancels it: every process of the job gets SIGTERM, SIGKILL after KillWait
+                subprocess.run(["scancel", slurm_id], check=True, timeout=30)
         t_id, t_slurm, t_ckpt, t_steps = jobs["timeout"]
         p_id, p_slurm, p_ckpt, p_steps = jobs["preempted"]
         p_log, p_progress = tmp_path / f"slurmhet-{p_id}-{p_slurm}.out", progress_dir(env) / f"{p_id}.{p_slurm}.0.json"
@@ -336,6 +340,8 @@ def test_signal_checkpoints_then_ends_on_timeout_or_requeues_on_preemption(tmp_p
                                    timeout=30)
             time.sleep(1)
         (t_record,) = settled(client, [t_slurm], 1)
+        c_id, c_slurm, c_ckpt, _ = jobs["cancelled"]
+        (c_record,) = settled(client, [c_slurm], 1)
     finally:
         client.cancel([s for _, s, _, _ in jobs.values()])
 
@@ -374,3 +380,17 @@ def test_signal_checkpoints_then_ends_on_timeout_or_requeues_on_preemption(tmp_p
     record = read_record(p_progress)
     assert record is not None
     assert (record.state, record.start_steps, record.steps_done, record.exit_code) == ("done", preempted_at, p_steps, 0)
+
+    # Cancelled: Slurm was ending the run (COMPLETING), so the job checkpointed and did not requeue itself.
+    # It once did (26.05 took the requeue), and a job its owner cancelled ran on.
+    log = _log(tmp_path / f"slurmhet-{c_id}-{c_slurm}.out")
+    assert c_record.state.split()[0] == "CANCELLED", (c_record, log)  # "CANCELLED by 0"
+    assert [s.split()[0] for s, _ in _sacct_history(c_slurm)] == ["CANCELLED"], (_sacct_history(c_slurm), log)
+    assert not subprocess.run(["squeue", "-h", "-j", c_slurm], capture_output=True, text=True, timeout=30).stdout.strip()
+    (line,) = [x for x in log.splitlines() if "stopping after step" in x]
+    cancelled_at = int(line.split("stopping after step ")[1].split(":")[0])
+    assert line.endswith(f"stopping after step {cancelled_at}: cancelled; "
+                         "Slurm is ending this run (COMPLETING): not requeued by the job"), line
+    assert load_checkpoint(c_ckpt / "checkpoint.pt").steps == cancelled_at
+    record = read_record(progress_dir(env) / f"{c_id}.{c_slurm}.0.json")
+    assert record is not None and (record.state, record.steps_done) == ("cancelled", cancelled_at), record

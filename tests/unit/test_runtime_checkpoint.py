@@ -7,7 +7,9 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 import pytest
 import torch
@@ -15,8 +17,10 @@ import torch
 from slurmhet.errors import InputError, SystemFailure
 from slurmhet.runtime.checkpoint import (CONSOLIDATED_NAME, StopRequest, TrainingCheckpoint, choose_resume,
                                          classify_stop, handle_stop, load_checkpoint, requeue_target, save_checkpoint,
-                                         should_requeue)
+                                         should_requeue, stop_reason)
 from slurmhet.runtime.progress import read_progress
+from slurmhet.slurm.parsers import StoppingJob
+from tests.unit.recorded import FIXTURES
 
 REPO = Path(__file__).resolve().parents[2]
 NOW = 1_700_000_000.0
@@ -92,34 +96,93 @@ def test_requeue_policy_and_target() -> None:
         requeue_target({})
 
 
-def test_only_rank_zero_saves_and_requeues() -> None:
+RUNNING = StoppingJob(("RUNNING",), None)
+PREEMPTED = StoppingJob(("RUNNING",), datetime(2026, 12, 6, 7, 19, 36, tzinfo=timezone.utc))
+ENDING = StoppingJob(("COMPLETING",), None)
+
+
+def _asked(view: StoppingJob, calls: list[str]) -> Callable[[object], StoppingJob]:
+    def ask(_env: object) -> StoppingJob:
+        calls.append("ask")
+        return view
+    return ask
+
+
+def test_only_rank_zero_saves_asks_slurm_and_requeues() -> None:
     calls: list[str] = []
     stop = StopRequest(signal.SIGTERM, NOW)
     env = {"SLURM_JOB_ID": "1", "SLURM_JOB_END_TIME": str(NOW + 3600)}
     other = handle_stop(stop, rank=1, save=lambda: calls.append("save"), env=env,
-                        requeue=lambda e: calls.append("requeue"))
+                        requeue=lambda e: calls.append("requeue"), slurm=_asked(RUNNING, calls))
     assert (other.reason, other.requeued, calls) == ("preempted", False, [])
     first = handle_stop(stop, rank=0, save=lambda: calls.append("save"), env=env,
-                        requeue=lambda e: calls.append("requeue"))
-    assert (first.reason, first.requeued, calls) == ("preempted", True, ["save", "requeue"])
+                        requeue=lambda e: calls.append("requeue"), slurm=_asked(RUNNING, calls))
+    assert (first.reason, first.requeued, calls) == ("preempted", True, ["save", "ask", "requeue"])
 
 
-def test_failed_requeue_is_reported_not_raised() -> None:
+@pytest.mark.parametrize(("signum", "end_in_s", "view", "reason"), [
+    (signal.SIGTERM, 3600, ENDING, "cancelled"),      # scancel: Slurm is ending the run
+    (signal.SIGUSR2, 100, ENDING, "cancelled"),       # cancelled near the limit: still a cancel
+    (signal.SIGTERM, 3600, PREEMPTED, "preempted"),   # within the partition's GraceTime
+    (signal.SIGUSR2, 100, PREEMPTED, "preempted"),    # preempted near the limit: Slurm's word wins
+    (signal.SIGTERM, 3600, RUNNING, "preempted"),     # only signalled, long before the limit: asked to vacate
+    (signal.SIGUSR2, 100, RUNNING, "timeout"),        # Slurm's time-limit warning
+    (signal.SIGUSR2, 100, None, "timeout"),           # Slurm not reachable: the signal and the time left decide
+    (signal.SIGTERM, 3600, None, "preempted"),
+])
+def test_stop_reason_asks_slurm_first(signum: int, end_in_s: float, view: StoppingJob | None, reason: str) -> None:
+    env = {"SLURM_JOB_END_TIME": str(NOW + end_in_s), "SLURMHET_SIGNAL_LEAD_S": "60"}
+    assert stop_reason(signum, env, NOW, view) == reason
+
+
+def test_a_run_slurm_is_ending_checkpoints_and_never_requeues_itself() -> None:
+    """scancel (or replan's move) of a running job: the checkpoint is written, and the job stays cancelled."""
+    calls: list[str] = []
+    outcome = handle_stop(StopRequest(signal.SIGTERM, NOW), rank=0, save=lambda: calls.append("save"),
+                          env={"SLURM_JOB_ID": "1", "SLURM_JOB_END_TIME": str(NOW + 3600)},
+                          requeue=lambda e: calls.append("requeue"), slurm=_asked(ENDING, calls))
+    assert (outcome.reason, outcome.requeued, calls) == ("cancelled", False, ["save", "ask"])
+    assert outcome.detail == "Slurm is ending this run (COMPLETING): not requeued by the job"
+    assert not should_requeue("cancelled", {})
+
+
+def test_a_profiling_run_does_not_ask_slurm() -> None:
+    calls: list[str] = []
+    outcome = handle_stop(StopRequest(signal.SIGTERM, NOW), rank=0, save=lambda: calls.append("save"),
+                          env={"SLURM_JOB_ID": "1", "SLURMHET_PROFILE_STEPS": "40"},
+                          requeue=lambda e: calls.append("requeue"), slurm=_asked(ENDING, calls))
+    assert (outcome.requeued, outcome.detail, calls) == (False, "a profiling run is not requeued", ["save"])
+
+
+def test_failed_requeue_or_query_is_reported_not_raised() -> None:
     def broken(_env: object) -> None:
         raise SystemFailure("scontrol requeue 1 exited 1")
 
+    def unreachable(_env: object) -> StoppingJob:
+        raise SystemFailure("scontrol show job exited 1: Unable to contact slurm controller")
+
     outcome = handle_stop(StopRequest(signal.SIGTERM, NOW), rank=0, save=lambda: None,
-                          env={"SLURM_JOB_ID": "1"}, requeue=broken)
+                          env={"SLURM_JOB_ID": "1"}, requeue=broken, slurm=lambda _e: RUNNING)
     assert not outcome.requeued and "requeue failed" in outcome.detail
+    calls: list[str] = []
+    outcome = handle_stop(StopRequest(signal.SIGTERM, NOW), rank=0, save=lambda: None, env={"SLURM_JOB_ID": "1"},
+                          requeue=lambda e: calls.append("requeue"), slurm=unreachable)
+    assert (outcome.reason, outcome.requeued, calls) == ("preempted", True, ["requeue"])
+    assert "Slurm's view unknown: scontrol show job exited 1" in outcome.detail
 
 
-def _signal_run(tmp_path: Path, end_in_s: float, restarts: int) -> Path:
-    """Run examples/train.py under the launcher, paced (emulation) so it is mid-run when SIGUSR2 arrives."""
+def _signal_run(tmp_path: Path, end_in_s: float, restarts: int, shown: str = "scontrol_show_job_stop_running.txt",
+                signum: int = signal.SIGUSR2) -> Path:
+    """Run examples/train.py under the launcher, paced (emulation) so it is mid-run when ``signum`` arrives.
+
+    A stand-in ``scontrol`` records its arguments and answers ``show job`` with ``shown``, a real 26.05 output.
+    """
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     calls = tmp_path / "scontrol.calls"
     scontrol = bin_dir / "scontrol"
-    scontrol.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n")
+    answer = FIXTURES / "slurm-26.05" / shown
+    scontrol.write_text(f"#!/bin/sh\necho \"$@\" >> {calls}\n[ \"$1\" = show ] && cat {answer}\nexit 0\n")
     scontrol.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "RANK", "WORLD_SIZE", "MASTER_"))}
     env.update({"PATH": f"{bin_dir}{os.pathsep}{env.get('PATH', '')}", "SLURM_JOB_ID": "9800",
@@ -140,7 +203,7 @@ def _signal_run(tmp_path: Path, end_in_s: float, restarts: int) -> Path:
             if records and records[0].state == "running" and records[0].steps_done > 0:
                 break
             time.sleep(0.05)
-        proc.send_signal(signal.SIGUSR2)
+        proc.send_signal(signum)
         _, err = proc.communicate(timeout=60)
     finally:
         if proc.poll() is None:
@@ -149,13 +212,26 @@ def _signal_run(tmp_path: Path, end_in_s: float, restarts: int) -> Path:
     return calls
 
 
+ASKED = ["show", "job", "--oneliner", "9800"]
+
+
 def test_preemption_checkpoints_and_requeues(tmp_path: Path) -> None:
     calls = _signal_run(tmp_path, end_in_s=3600, restarts=0)
     [record] = read_progress(tmp_path / "progress")
     assert (record.state, record.exit_code, record.emulated, record.gpu_type) == ("preempted", 0, True, "k80")
     checkpoint = load_checkpoint(tmp_path / "ckpt" / "checkpoint.pt")
     assert checkpoint.steps == record.steps_done > 0
-    assert calls.read_text().split() == ["requeue", "9800"]
+    assert calls.read_text().split() == [*ASKED, "requeue", "9800"]
+
+
+def test_a_cancelled_run_checkpoints_and_stays_cancelled(tmp_path: Path) -> None:
+    """scancel's SIGTERM long before the limit used to read as a preemption: the job requeued itself (26.05)."""
+    calls = _signal_run(tmp_path, end_in_s=3600, restarts=0, shown="scontrol_show_job_stop_cancelled.txt",
+                        signum=signal.SIGTERM)
+    [record] = read_progress(tmp_path / "progress")
+    assert (record.state, record.exit_code) == ("cancelled", 0)
+    assert load_checkpoint(tmp_path / "ckpt" / "checkpoint.pt").steps == record.steps_done > 0
+    assert calls.read_text().split() == ASKED  # asked, and no requeue
 
 
 def test_timeout_after_the_requeue_budget_ends_cleanly_with_a_checkpoint(tmp_path: Path) -> None:
@@ -163,7 +239,7 @@ def test_timeout_after_the_requeue_budget_ends_cleanly_with_a_checkpoint(tmp_pat
     [record] = read_progress(tmp_path / "progress")
     assert (record.state, record.exit_code) == ("timeout", 0)
     assert load_checkpoint(tmp_path / "ckpt" / "checkpoint.pt").steps == record.steps_done
-    assert not calls.exists()
+    assert calls.read_text().split() == ASKED
 
 
 def test_the_last_two_checkpoints_are_kept_and_a_bad_latest_falls_back(tmp_path: Path) -> None:
