@@ -21,7 +21,7 @@ from slurmhet.store.db import Database
 from slurmhet.failures import FailedRun, judge, tail
 from slurmhet.gpu_catalog import builtin
 from slurmhet.joblogs import stderr_file
-from slurmhet.runtime.progress import finished_steps, read_progress
+from slurmhet.runtime.progress import finished_steps, read_progress, stopped_short
 from slurmhet.spec import parse_job
 from slurmhet.store.models import ClusterSnapshot, Event, Job, JobState, SlurmJob
 from slurmhet.store.records import add_event, list_jobs
@@ -187,7 +187,8 @@ def sync_jobs(session: Session, jobs: list[Job], view: SlurmView, progress_dir: 
     """Refresh parts of non-final jobs from a view; returns how many jobs changed state.
 
     Parts the view does not know (submitted after it was fetched) keep their state. ``progress_dir``: the
-    jobs' progress files, which :func:`settle_failure` reads for a job whose run failed.
+    jobs' progress files, which :func:`settle_failure` reads for a job whose run failed and
+    :func:`settle_stopped` for one whose run stopped on a signal and ended COMPLETED.
     """
     for part in _live_parts(jobs):
         status = view.status(part)
@@ -216,6 +217,9 @@ def sync_jobs(session: Session, jobs: list[Job], view: SlurmView, progress_dir: 
             # with their node. Consolidated: only the replanner's Job Tracker knows if steps are left.
             new = None if round_part.state == "COMPLETED" else job_state_from_parts([round_part])
         if new is JobState.FAILED and settle_failure(session, job, progress_dir):
+            changed += 1
+            continue
+        if new is JobState.COMPLETED and settle_stopped(session, job, progress_dir):
             changed += 1
             continue
         if new is not None and new != job.state:
@@ -254,6 +258,47 @@ def adopt_orphans(session: Session, jobs: Sequence[Job], queue: Sequence[QueueRe
             add_event(session, job, "adopted", f"Slurm job {record.root_id} found by its comment tag")
             actions.append(f"adopted Slurm job {record.root_id} for job {job.id}")
     return actions
+
+
+def settle_stopped(session: Session, job: Job, progress_dir: Path) -> bool:
+    """A job Slurm calls COMPLETED whose last run checkpointed on a signal and stopped short of its last
+    step (``runtime/progress.stopped_short``); True when this decided its state.
+
+    Such a run exits 0 on purpose, so Slurm's word alone would record unfinished work as done. A run that
+    reached its time limit with no timeout requeue left is FAILED, with the step it reached and how to go
+    on; one stopped for another reason (preempted, its requeue refused) is re-planned and resumes.
+    """
+    parts = [p for p in job.slurm_jobs if p.current]
+    if not parts or any(p.role not in _JUDGED_ROLES for p in parts):
+        return False
+    total = parse_job(job.spec, f"store:job {job.id}").total_steps
+    last = stopped_short(read_progress(progress_dir, str(job.id)), total)
+    if last is None:
+        return False
+    ids = sorted({p.target for p in parts})
+    ends = [p.ended_at for p in parts if p.ended_at]
+    checkpoint = job.spec.get("checkpoint_dir")
+    starts = [p.started_at for p in parts if p.started_at]
+    data = {"slurm_job_ids": ids, "slurm_state": "COMPLETED", "exit_code": "0:0",  # what COMPLETED means
+            "ran_s": (max(ends) - min(starts)).total_seconds() if starts and ends else None,
+            "steps": last.steps_done, "total_steps": total, "stopped": last.state}
+    if last.state == "timeout":
+        go_on = f"its checkpoint in {checkpoint} is kept: submit the spec again with a longer time_limit to " \
+            "resume from it" if checkpoint else "it has no checkpoint_dir: a longer time_limit lets it finish"
+        job.state = JobState.FAILED
+        job.reason = f"stopped at its time limit at step {last.steps_done} of {total} with no timeout requeue " \
+            f"left (SLURMHET_MAX_TIMEOUT_REQUEUES); {go_on}"
+        job.ended_at = max(ends) if ends else job.ended_at
+        add_event(session, job, "failed", job.reason, **data)
+        return True
+    for part in parts:
+        part.role = "retried"
+    resume = "resumes from its checkpoint" if checkpoint else "starts over (no checkpoint_dir)"
+    job.state, job.started_at, job.ended_at = JobState.PENDING, None, None
+    job.reason = f"its run stopped at step {last.steps_done} of {total} ({last.state}) and Slurm did not " \
+        f"requeue it; re-planned, {resume}"
+    add_event(session, job, "retried", job.reason, **data)
+    return True
 
 
 #: Part roles whose failure slurmhet judges (retry or fail); a pack, a forked round or an adopted part just fails.

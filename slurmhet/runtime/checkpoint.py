@@ -30,7 +30,9 @@ checkpoints atomically and then asks Slurm what it is doing to the job
 
 A preempted job requeues itself, a timed-out one requeues up to
 ``SLURMHET_MAX_TIMEOUT_REQUEUES`` (default 3) times and otherwise ends cleanly,
-leaving the checkpoint and a ``timeout`` progress state for the replanner.
+leaving the checkpoint and a ``timeout`` progress state. Either run exits 0, so
+Slurm calls it COMPLETED; ``sync.settle_stopped`` reads that state and records the
+job FAILED at its step (timeout) or re-plans it (a refused requeue).
 """
 
 from __future__ import annotations

@@ -176,6 +176,19 @@ def finished_steps(records: Iterable[ProgressRecord]) -> dict[str, int]:
     return finished
 
 
+def stopped_short(records: Iterable[ProgressRecord], total_steps: int) -> ProgressRecord | None:
+    """The latest run's rank-0 record when that run checkpointed and stopped on a signal before step
+    ``total_steps`` and no run finished the work; else None.
+
+    Such a run exits 0 (its stop was on purpose), so Slurm calls it COMPLETED: this is the work it left.
+    """
+    runs = [r for r in records if r.rank == 0 and not is_consolidation(r)]
+    if not runs or any(r.state == "done" and r.exit_code == 0 and r.steps_done >= total_steps for r in runs):
+        return None
+    last = max(runs, key=lambda r: r.updated_at)
+    return last if last.state in STOPPED_STATES and last.steps_done < total_steps else None
+
+
 class ProgressReporter:
     """Keeps one rank's record current; writes at most every ``interval_s`` unless forced.
 

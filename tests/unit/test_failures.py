@@ -11,7 +11,8 @@ from slurmhet.runtime.progress import ProgressRecord, progress_path, write_progr
 from slurmhet.spec import load_text
 from slurmhet.store import Database, Event, JobState, SlurmJob, create_job
 from slurmhet.store.models import ClusterSnapshot
-from slurmhet.sync import settle_failure
+from slurmhet.slurm.parsers import QueueRecord
+from slurmhet.sync import SlurmView, settle_failure, settle_stopped, sync_jobs
 
 MEMORY = {"k80": 12.0, "t4": 16.0, "v100": 16.0, "a100": 80.0}
 ALLOWED = ("k80", "t4", "v100", "a100")
@@ -116,10 +117,11 @@ def test_packs_and_forked_rounds_are_left_to_fail_as_before(tmp_path: Path) -> N
         assert not settle_failure(session, job, tmp_path)
 
 
-def _progress(directory: Path, job_id: int, slurm_id: str, steps: int, state: str, exit_code: int | None) -> None:
+def _progress(directory: Path, job_id: int, slurm_id: str, steps: int, state: str, exit_code: int | None,
+              at: float = 1.0) -> None:
     write_progress(progress_path(directory, str(job_id), slurm_id, 0), ProgressRecord(
         job_id=str(job_id), slurm_job_id=slurm_id, rank=0, gpu_type="t4", node="nodeb", steps_done=steps,
-        samples_done=steps * 2, samples_per_second=4.0, epoch=0, updated_at=1.0, emulated=True, state=state,
+        samples_done=steps * 2, samples_per_second=4.0, epoch=0, updated_at=at, emulated=True, state=state,
         exit_code=exit_code))
 
 
@@ -145,3 +147,85 @@ def test_a_run_that_fails_after_the_command_finished_every_step_completes_the_jo
             _run(other, "803", "t4", tmp_path, "", seconds=5)
             assert settle_failure(session, other, progress)
             assert other.state is JobState.PENDING, (steps, state, code)
+
+
+# --------------------------------------------------------------------------- a run that stopped on purpose, short
+
+
+CKPT_SPEC = load_text("name: a\ncommand: [x]\nworkload: {model: m, batch_size: 2}\nwork: {steps: 60}\n"
+                      "checkpoint_dir: /ckpt/a\n", "f.yaml")[0]
+
+
+def _completed(job: object, slurm_id: str) -> None:
+    job.slurm_jobs.append(SlurmJob(  # type: ignore[attr-defined]
+        slurm_job_id=slurm_id, role="batch", state="RUNNING", gpu_type="k80", gpu_count=1, started_at=T0,
+        restarts=0))
+
+
+def _done_in_slurm(slurm_id: str) -> SlurmView:
+    """squeue's word for a run whose command exited 0: COMPLETED, 150 s after it started."""
+    return SlurmView(queue=(QueueRecord(slurm_id, None, None, None, None, "j", "COMPLETED", "None", "",
+                                        "alice", "nodec", start=T0, end=T0 + timedelta(seconds=150), exit_code="0:0"),))
+
+
+def test_a_run_out_of_timeout_requeues_is_failed_with_its_step_not_completed(tmp_path: Path) -> None:
+    """It checkpointed at Slurm's time-limit warning and exited 0, so Slurm says COMPLETED: 40 of 60 steps."""
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    progress = tmp_path / "progress"
+    with db.transaction() as session:
+        job = create_job(session, CKPT_SPEC, "alice", "f.yaml")
+        job.state = JobState.RUNNING
+        _completed(job, "901")
+        _progress(progress, job.id, "901", 40, "timeout", 0)
+        assert sync_jobs(session, [job], _done_in_slurm("901"), progress) == 1
+        assert job.state is JobState.FAILED
+        assert job.reason == ("stopped at its time limit at step 40 of 60 with no timeout requeue left "
+                              "(SLURMHET_MAX_TIMEOUT_REQUEUES); its checkpoint in /ckpt/a is kept: submit the spec "
+                              "again with a longer time_limit to resume from it")
+        (event,) = session.query(Event).filter(Event.job_id == job.id, Event.kind == "failed").all()
+        assert event.data == {"slurm_job_ids": ["901"], "slurm_state": "COMPLETED", "exit_code": "0:0", "ran_s": 150.0,
+                              "steps": 40, "total_steps": 60, "stopped": "timeout"}
+        assert [p.role for p in job.slurm_jobs] == ["batch"]  # nothing is resubmitted
+
+
+def test_a_preempted_run_slurm_did_not_requeue_is_re_planned_and_resumes(tmp_path: Path) -> None:
+    """Its ``scontrol requeue`` failed (or the site forbids requeues): the work left is not the job's fault."""
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    progress = tmp_path / "progress"
+    with db.transaction() as session:
+        job = create_job(session, CKPT_SPEC, "alice", "f.yaml")
+        job.state = JobState.RUNNING
+        _completed(job, "902")
+        _progress(progress, job.id, "902", 25, "preempted", 0)
+        assert sync_jobs(session, [job], _done_in_slurm("902"), progress) == 1
+        assert job.state is JobState.PENDING and job.started_at is None
+        assert job.reason == ("its run stopped at step 25 of 60 (preempted) and Slurm did not requeue it; "
+                              "re-planned, resumes from its checkpoint")
+        assert [p.role for p in job.slurm_jobs] == ["retried"]  # the replanner submits it again
+        (event,) = session.query(Event).filter(Event.job_id == job.id, Event.kind == "retried").all()
+        assert event.data["stopped"] == "preempted" and event.data["steps"] == 25
+
+
+def test_a_completed_run_is_left_completed_unless_its_last_run_stopped_short(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    progress = tmp_path / "progress"
+    with db.transaction() as session:
+        cases = (
+            ((("903", 60, "done", 0, 1.0),), "COMPLETED"),  # the normal end
+            ((("904", 30, "timeout", 0, 1.0), ("905", 60, "done", 0, 2.0)), "COMPLETED"),  # resumed, finished
+            ((("906", 60, "done", 0, 1.0), ("907", 60, "preempted", 0, 2.0)), "COMPLETED"),  # a late requeue
+            ((), "COMPLETED"),  # a command that reports no progress: Slurm's word stands
+        )
+        for runs, want in cases:
+            job = create_job(session, CKPT_SPEC, "alice", "f.yaml")
+            job.state = JobState.RUNNING
+            for slurm_id, steps, state, code, at in runs:
+                _progress(progress, job.id, slurm_id, steps, state, code, at)
+            last = runs[-1][0] if runs else "908"
+            _completed(job, last)
+            sync_jobs(session, [job], _done_in_slurm(last), progress)
+            assert job.state.value == want, runs
+        pack = create_job(session, CKPT_SPEC, "alice", "f.yaml")
+        pack.slurm_jobs.append(SlurmJob(slurm_job_id="909", role="pack", state="COMPLETED"))
+        _progress(progress, pack.id, "909", 10, "timeout", 0)
+        assert not settle_stopped(session, pack, progress)  # a pack's members are judged as before

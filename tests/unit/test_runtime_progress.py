@@ -11,6 +11,7 @@ from slurmhet.cluster import Inventory, Node
 from slurmhet.errors import InputError
 from slurmhet.runtime.emulation import DEFAULT_TABLE, StepPacer, emulated_samples_per_s, enabled, node_gpu_type, table_rate
 from slurmhet.runtime.progress import (ProgressRecord, ProgressReporter, finished_steps, job_steps, progress_path,
+                                       stopped_short,
                                        read_progress, write_progress)
 from slurmhet.spec import load_file
 
@@ -49,6 +50,23 @@ def test_finished_steps_counts_only_runs_whose_command_exited_0_done() -> None:
     killed = replace(_record("d", "400", 0, 60, state="done"), exit_code=None)
     earlier = replace(_record("a", "99", 0, 30, state="done"), exit_code=0)
     assert finished_steps([earlier, done, failed, running, killed]) == {"a": 60}
+
+
+def test_stopped_short_is_the_last_run_when_it_stopped_on_a_signal_before_the_end() -> None:
+    def run(slurm: str, steps: int, state: str, at: float, rank: int = 0, code: int | None = 0) -> ProgressRecord:
+        return replace(_record("a", slurm, rank, steps, state=state), updated_at=at, exit_code=code)
+
+    timed_out = run("100", 40, "timeout", 5.0)
+    assert stopped_short([timed_out, run("100", 40, "timeout", 5.0, rank=1)], 60) == timed_out
+    assert stopped_short([run("99", 20, "preempted", 1.0), timed_out], 60) == timed_out
+    preempted = run("101", 45, "preempted", 9.0)
+    assert stopped_short([timed_out, preempted], 60) == preempted  # the latest run speaks
+    assert stopped_short([timed_out, run("101", 50, "running", 9.0, code=None)], 60) is None  # it went on
+    assert stopped_short([timed_out, run("101", 60, "done", 9.0)], 60) is None  # a later run finished
+    assert stopped_short([run("100", 60, "done", 2.0), timed_out], 60) is None  # a late requeue after the end
+    assert stopped_short([run("100", 60, "timeout", 5.0)], 60) is None  # stopped at its very last step
+    assert stopped_short([run("100", 40, "failed", 5.0, code=1)], 60) is None  # a failure is settle_failure's
+    assert stopped_short([run("100", 40, "timeout", 5.0, rank=1)], 60) is None and stopped_short([], 60) is None
 
 
 def test_job_steps_counts_ranks_once_and_adds_forked_copies() -> None:
