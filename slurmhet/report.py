@@ -37,6 +37,11 @@ class StoredJob:
     #: When ``slurmhet submit`` stored the job. JCT and queueing count from here: the time slurmhet held the
     #: job before its first sbatch is part of the user's wait. None: from the earliest sacct Submit.
     stored_at: datetime | None = None
+    #: The store's final state (COMPLETED, FAILED, CANCELLED) once slurmhet settled the job, else None. It
+    #: overrules Slurm's last word, which misses what the job's progress records show: a run that checkpointed
+    #: at its time limit and stopped short exits 0 (COMPLETED in sacct), and a late requeue may fail after
+    #: every step was done.
+    settled: str | None = None
 
 
 def as_utc(value: datetime) -> datetime:
@@ -208,6 +213,7 @@ def fold(job: StoredJob, records: Iterable[AccountingRecord], shares: Mapping[st
     # The latest run decides: a run moved away (cancelled) or retried after a failure said nothing final.
     latest = max(mine, key=_run_order).id.job if mine else None
     state = _job_state([r.state for r in mine if r.id.job == latest])
+    state = job.settled if job.settled is not None and state in _FINAL else state
     ends = [r.end for r in mine if r.end] if state in _FINAL else []
     if job.stored_at is not None:
         submits.append(as_utc(job.stored_at))

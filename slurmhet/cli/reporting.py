@@ -86,7 +86,8 @@ def _stored_view(job: Any) -> Any:
 
     return StoredJob(id=job.id, name=job.name, owner=job.owner, weight=float(job.spec.get("weight", 1.0)),
                      predicted_jct_s=job.predicted_jct_s, slurm_ids=tuple(p.target for p in job.slurm_jobs),
-                     restarts=restarts(job), emulated=bool((job.plan or {}).get("emulated")), stored_at=job.created_at)
+                     restarts=restarts(job), emulated=bool((job.plan or {}).get("emulated")), stored_at=job.created_at,
+                     settled=job.state.value if job.state.final else None)
 
 
 def _print_report(result: Any) -> None:

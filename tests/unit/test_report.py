@@ -66,6 +66,22 @@ def test_the_restart_decides_the_state_though_submitted_in_the_second_its_failed
         assert job.state == "COMPLETED" and job.end == requeue + timedelta(seconds=40)
 
 
+def test_the_stores_settled_state_overrules_sacct_once_the_run_ended() -> None:
+    """A run that checkpointed at its time limit and stopped short exits 0: sacct says COMPLETED, the store
+    (which read its progress) FAILED. A job still running in Slurm keeps Slurm's word."""
+    records = [_row("60", 0, 120, {"gres/gpu:k80": 1}, "nodec")]
+    (job,) = build_report([StoredJob(1, "j", "root", 1.0, None, ("60",), settled="FAILED")], records,
+                          {"k80": 2}).jobs
+    assert (job.state, job.run_s) == ("FAILED", 120.0)
+    (job,) = build_report([StoredJob(1, "j", "root", 1.0, None, ("60",))], records, {"k80": 2}).jobs
+    assert job.state == "COMPLETED"  # not settled (an unsynced store): sacct decides
+    running = [AccountingRecord(SlurmJobId("61"), "61", "x", "RUNNING", "0:0", T0, T0, None, 0, {}, "nodec", "",
+                                "root", "k80")]
+    (job,) = build_report([StoredJob(1, "j", "root", 1.0, None, ("61",), settled="COMPLETED")], running,
+                          {"k80": 2}).jobs
+    assert job.state == "RUNNING"
+
+
 # sacct --parsable2 --noheader --format=<SACCT_FIELDS> as the dev cluster prints it (slurmhet job 40 is this
 # store's het job; the devcluster noise user's plain jobs and another store's job share the cluster with it).
 SACCT_SHARED = """\
