@@ -113,7 +113,7 @@ TRAIN = Path(__file__).resolve().parents[2] / "examples" / "train.py"
 
 
 def train_spec(path: Path, name: str, steps: int, global_batch: int, gpus: str, checkpoint_dir: Path,
-               *train_args: str, batch_size: int | None = None, extra: str = "") -> Path:
+               *train_args: str, batch_size: int | None = None, extra: str = "", time_limit: int = 10) -> Path:
     """A spec of examples/train.py (mlp-small) that checkpoints into ``checkpoint_dir``: the fault tests' job."""
     command = [sys.executable, str(TRAIN), "--steps", str(steps), "--global-batch", str(global_batch), *train_args]
     path.write_text(textwrap.dedent(f"""\
@@ -125,6 +125,6 @@ def train_spec(path: Path, name: str, steps: int, global_batch: int, gpus: str, 
         work: {{steps: {steps}}}
         gpus: {gpus}
         checkpoint_dir: {json.dumps(str(checkpoint_dir))}
-        time_limit: 10
+        time_limit: {time_limit}
         """) + extra)
     return path

@@ -1,18 +1,25 @@
 """Runs that fail, on the dev cluster: a start-up crash is retried once and then left FAILED with its stderr;
-a run out of GPU memory is re-planned on a type with more memory and completes there."""
+a run out of GPU memory is re-planned on a type with more memory and completes there; a run out of timeout
+requeues is FAILED at the step it reached (Slurm says COMPLETED), and submitting it again resumes it."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.cluster.helpers import cli, job, status, write
+from slurmhet.runtime.progress import read_progress
+from tests.cluster.helpers import cli, job, status, train_spec, write
 from tests.cluster.replan_helpers import sbatch_foreign, scancel, wait_slurm
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster")
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _replan_until(state_dir: Path, job_id: int, states: tuple[str, ...], timeout: float = 180) -> dict:
@@ -85,3 +92,67 @@ def test_a_run_out_of_gpu_memory_is_replanned_on_a_type_with_more_memory(tmp_pat
     assert "ran on t4" in cli("logs", str(job_id), state=state_dir).stdout
     detail = json.loads(cli("status", str(job_id), "--json", state=state_dir).stdout)
     assert detail["spec"]["gpus"]["types"] == ["t4"] and detail["last_failure"]["unusable"] == ["k80"]
+
+
+def test_a_run_out_of_timeout_requeues_fails_at_its_step_and_submitting_it_again_resumes(
+        tmp_path: Path, state_dir: Path, leftovers: list[str]) -> None:
+    """Slurm's time-limit warning (USR2) with no timeout requeue left: the run checkpoints and exits 0, which
+    Slurm calls COMPLETED. slurmhet reads the run's progress (``timeout`` at step N of 60) and records the job
+    FAILED there; the spec submitted again resumes from the checkpoint and completes."""
+    ckpt = tmp_path / "ckpt"
+    spec = train_spec(tmp_path / "job.yaml", "short-limit", 60, 32, "{min: 1, max: 1, types: [k80]}", ckpt,
+                      "--dataset-size", "256", time_limit=3)
+    # 64 emulated samples/s at a global batch of 32: 2 steps a second. A 3-minute limit: the warning is a timeout.
+    env = {"SLURMHET_EMULATE_THROUGHPUT": "1", "SLURMHET_EMULATED_SAMPLES_PER_S": "64",
+           "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    [out] = json.loads(cli("submit", "--json", str(spec), state=state_dir,
+                           env={**env, "SLURMHET_MAX_TIMEOUT_REQUEUES": "0"}).stdout)["jobs"]
+    leftovers.extend(out["slurm_job_ids"])
+    job_id, (slurm_id,) = out["job_id"], out["slurm_job_ids"]
+    deadline = time.monotonic() + 90
+    while max((r.steps_done for r in read_progress(state_dir / "progress", str(job_id))), default=0) < 6:
+        assert time.monotonic() < deadline, status(state_dir)[job_id]
+        time.sleep(0.5)
+    # What --signal=B:USR2@N does near the limit: the batch shell (srun) gets USR2 and forwards it to the task.
+    subprocess.run(["scancel", "--signal=USR2", "--batch", slurm_id], check=True, timeout=30)
+    deadline = time.monotonic() + 120
+    while (row := status(state_dir)[job_id])["state"] not in ("COMPLETED", "FAILED", "CANCELLED"):
+        assert time.monotonic() < deadline, row
+        time.sleep(2)
+
+    sacct = subprocess.run(["sacct", "-X", "-n", "-P", "-j", slurm_id, "-o", "State,ExitCode"], capture_output=True,
+                           text=True, timeout=30, check=True).stdout.split()
+    assert sacct == ["COMPLETED|0:0"], sacct  # Slurm's word: the run exited 0
+    assert row["state"] == "FAILED", row
+    found = re.fullmatch(r"stopped at its time limit at step (\d+) of 60 with no timeout requeue left "
+                         r"\(SLURMHET_MAX_TIMEOUT_REQUEUES\); its checkpoint in (.+) is kept: submit the spec again "
+                         r"with a longer time_limit to resume from it", row["reason"])
+    assert found is not None and found.group(2) == str(ckpt), row["reason"]
+    at = int(found.group(1))
+    assert 6 <= at < 60, at
+    errors = cli("logs", "--stderr", str(job_id), state=state_dir).stdout
+    assert f"stopping after step {at}: timeout; timeout requeue limit reached; ending cleanly" in errors, errors
+    for _ in range(2):  # later replans neither resubmit it nor change its verdict
+        cli("replan", "--once", state=state_dir, env=env)
+    row = status(state_dir)[job_id]
+    assert (row["state"], [p["id"] for p in row["slurm"]]) == ("FAILED", [slurm_id]), row
+    detail = json.loads(cli("status", str(job_id), "--json", state=state_dir).stdout)
+    (failed,) = [e for e in detail["events"] if e["kind"] == "failed"]
+    assert failed["message"] == row["reason"]
+    report = json.loads(cli("report", "--json", state=state_dir).stdout)
+    (line,) = [j for j in report["jobs"] if j["id"] == job_id]
+    assert line["state"] == "FAILED", line
+
+    # Submitted again (the default timeout requeues): it resumes at that step, nothing trained twice.
+    [again] = json.loads(cli("submit", "--json", str(spec), state=state_dir, env=env).stdout)["jobs"]
+    leftovers.extend(again["slurm_job_ids"])
+    deadline = time.monotonic() + 150
+    while (row := status(state_dir)[again["job_id"]])["state"] not in ("COMPLETED", "FAILED", "CANCELLED"):
+        assert time.monotonic() < deadline, row
+        time.sleep(2)
+    assert row["state"] == "COMPLETED", row
+    text = cli("logs", str(again["job_id"]), state=state_dir).stdout + \
+        cli("logs", "--stderr", str(again["job_id"]), state=state_dir).stdout
+    assert f"resuming from {ckpt / 'checkpoint.pt'} at step {at}" in text, text
+    summaries = [json.loads(line) for line in text.splitlines() if line.startswith("{") and '"start_steps"' in line]
+    assert [(s["start_steps"], s["steps"], s["state"]) for s in summaries] == [(at, 60, "done")], summaries
