@@ -9,7 +9,7 @@ from pathlib import Path
 from slurmhet.failures import MAX_QUICK_FAILURES, FailedRun, judge, tail
 from slurmhet.runtime.progress import ProgressRecord, progress_path, write_progress
 from slurmhet.spec import load_text
-from slurmhet.store import Database, Event, JobState, SlurmJob, create_job
+from slurmhet.store import Database, Event, Job, JobState, SlurmJob, create_job
 from slurmhet.store.models import ClusterSnapshot
 from slurmhet.slurm.parsers import QueueRecord
 from slurmhet.sync import SlurmView, settle_failure, settle_stopped, sync_jobs
@@ -168,16 +168,21 @@ def _done_in_slurm(slurm_id: str) -> SlurmView:
                                         "alice", "nodec", start=T0, end=T0 + timedelta(seconds=150), exit_code="0:0"),))
 
 
+def _stopped_and_synced(session: object, progress: Path, slurm_id: str, steps: int, stopped: str) -> Job:
+    """A running job whose run stopped at ``steps`` of 60 (``stopped``) and exited 0, synced once."""
+    job = create_job(session, CKPT_SPEC, "alice", "f.yaml")  # type: ignore[arg-type]
+    job.state = JobState.RUNNING
+    _completed(job, slurm_id)
+    _progress(progress, job.id, slurm_id, steps, stopped, 0)
+    assert sync_jobs(session, [job], _done_in_slurm(slurm_id), progress) == 1  # type: ignore[arg-type]
+    return job
+
+
 def test_a_run_out_of_timeout_requeues_is_failed_with_its_step_not_completed(tmp_path: Path) -> None:
     """It checkpointed at Slurm's time-limit warning and exited 0, so Slurm says COMPLETED: 40 of 60 steps."""
     db = Database(f"sqlite:///{tmp_path}/s.db")
-    progress = tmp_path / "progress"
     with db.transaction() as session:
-        job = create_job(session, CKPT_SPEC, "alice", "f.yaml")
-        job.state = JobState.RUNNING
-        _completed(job, "901")
-        _progress(progress, job.id, "901", 40, "timeout", 0)
-        assert sync_jobs(session, [job], _done_in_slurm("901"), progress) == 1
+        job = _stopped_and_synced(session, tmp_path / "progress", "901", 40, "timeout")
         assert job.state is JobState.FAILED
         assert job.reason == ("stopped at its time limit at step 40 of 60 with no timeout requeue left "
                               "(SLURMHET_MAX_TIMEOUT_REQUEUES); its checkpoint in /ckpt/a is kept: submit the spec "
@@ -191,13 +196,8 @@ def test_a_run_out_of_timeout_requeues_is_failed_with_its_step_not_completed(tmp
 def test_a_preempted_run_slurm_did_not_requeue_is_re_planned_and_resumes(tmp_path: Path) -> None:
     """Its ``scontrol requeue`` failed (or the site forbids requeues): the work left is not the job's fault."""
     db = Database(f"sqlite:///{tmp_path}/s.db")
-    progress = tmp_path / "progress"
     with db.transaction() as session:
-        job = create_job(session, CKPT_SPEC, "alice", "f.yaml")
-        job.state = JobState.RUNNING
-        _completed(job, "902")
-        _progress(progress, job.id, "902", 25, "preempted", 0)
-        assert sync_jobs(session, [job], _done_in_slurm("902"), progress) == 1
+        job = _stopped_and_synced(session, tmp_path / "progress", "902", 25, "preempted")
         assert job.state is JobState.PENDING and job.started_at is None
         assert job.reason == ("its run stopped at step 25 of 60 (preempted) and Slurm did not requeue it; "
                               "re-planned, resumes from its checkpoint")
