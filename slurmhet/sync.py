@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
@@ -268,41 +268,54 @@ def settle_stopped(session: Session, job: Job, progress_dir: Path) -> bool:
     reached its time limit with no timeout requeue left is FAILED, with the step it reached and how to go
     on; one stopped for another reason (preempted, its requeue refused) is re-planned and resumes.
     """
-    parts = [p for p in job.slurm_jobs if p.current]
-    if not parts or any(p.role not in _JUDGED_ROLES for p in parts):
+    parts = _judged_parts(job)
+    if not parts:
         return False
     total = parse_job(job.spec, f"store:job {job.id}").total_steps
     last = stopped_short(read_progress(progress_dir, str(job.id)), total)
     if last is None:
         return False
-    ids = sorted({p.target for p in parts})
+    starts = [p.started_at for p in parts if p.started_at]
     ends = [p.ended_at for p in parts if p.ended_at]
     checkpoint = job.spec.get("checkpoint_dir")
-    starts = [p.started_at for p in parts if p.started_at]
-    data = {"slurm_job_ids": ids, "slurm_state": "COMPLETED", "exit_code": "0:0",  # what COMPLETED means
+    data = {"slurm_job_ids": sorted({p.target for p in parts}), "slurm_state": "COMPLETED", "exit_code": "0:0",  # what COMPLETED means
             "ran_s": (max(ends) - min(starts)).total_seconds() if starts and ends else None,
             "steps": last.steps_done, "total_steps": total, "stopped": last.state}
     if last.state == "timeout":
         go_on = f"its checkpoint in {checkpoint} is kept: submit the spec again with a longer time_limit to " \
             "resume from it" if checkpoint else "it has no checkpoint_dir: a longer time_limit lets it finish"
-        job.state = JobState.FAILED
-        job.reason = f"stopped at its time limit at step {last.steps_done} of {total} with no timeout requeue " \
-            f"left (SLURMHET_MAX_TIMEOUT_REQUEUES); {go_on}"
-        job.ended_at = max(ends) if ends else job.ended_at
-        add_event(session, job, "failed", job.reason, **data)
+        _fail(session, job, f"stopped at its time limit at step {last.steps_done} of {total} with no timeout "
+              f"requeue left (SLURMHET_MAX_TIMEOUT_REQUEUES); {go_on}", ends, data)
         return True
-    for part in parts:
-        part.role = "retried"
     resume = "resumes from its checkpoint" if checkpoint else "starts over (no checkpoint_dir)"
-    job.state, job.started_at, job.ended_at = JobState.PENDING, None, None
-    job.reason = f"its run stopped at step {last.steps_done} of {total} ({last.state}) and Slurm did not " \
-        f"requeue it; re-planned, {resume}"
-    add_event(session, job, "retried", job.reason, **data)
+    _retry(session, job, parts, f"its run stopped at step {last.steps_done} of {total} ({last.state}) and Slurm "
+           f"did not requeue it; re-planned, {resume}", data)
     return True
 
 
 #: Part roles whose failure slurmhet judges (retry or fail); a pack, a forked round or an adopted part just fails.
 _JUDGED_ROLES = frozenset({"batch", "het", "sweep"})
+
+
+def _judged_parts(job: Job) -> list[SlurmJob]:
+    """The job's current parts when slurmhet judges how its run ended (all of a judged role), else []."""
+    parts = [p for p in job.slurm_jobs if p.current]
+    return parts if all(p.role in _JUDGED_ROLES for p in parts) else []
+
+
+def _retry(session: Session, job: Job, parts: Sequence[SlurmJob], reason: str, data: dict[str, Any]) -> None:
+    """Back to PENDING with its run's parts retired (kept for logs and restarts): the replanner submits it again."""
+    for part in parts:
+        part.role = "retried"
+    job.state, job.reason, job.started_at, job.ended_at = JobState.PENDING, reason, None, None
+    add_event(session, job, "retried", reason, **data)
+
+
+def _fail(session: Session, job: Job, reason: str, ends: Sequence[datetime], data: dict[str, Any]) -> None:
+    """FAILED for good, ended when its run's parts did."""
+    job.state, job.reason = JobState.FAILED, reason
+    job.ended_at = max(ends) if ends else job.ended_at
+    add_event(session, job, "failed", reason, **data)
 
 
 def _allowed_types(session: Session, job: Job) -> tuple[str, ...]:
@@ -322,8 +335,8 @@ def settle_failure(session: Session, job: Job, progress_dir: Path) -> bool:
     ``progress_dir``) is COMPLETED instead: a later run that fails (a late requeue, an epilog) has no work
     left to lose or to redo.
     """
-    parts = [p for p in job.slurm_jobs if p.current]
-    if not parts or any(p.role not in _JUDGED_ROLES for p in parts):
+    parts = _judged_parts(job)
+    if not parts:
         return False
     failed = [p for p in parts if p.state == "FAILED"]
     starts = [p.started_at for p in failed if p.started_at]
@@ -356,15 +369,10 @@ def settle_failure(session: Session, job: Job, progress_dir: Path) -> bool:
             "slurm_state": run.slurm_state, "ran_s": run.ran_s, "stderr": str(err) if err else None,
             "stderr_tail": list(run.stderr_tail), "unusable": list(verdict.unusable), "quick": verdict.quick}
     if verdict.action == "retry":
-        for part in parts:
-            part.role = "retried"
         if verdict.unusable != unusable:
             left = [t for t in allowed if t not in verdict.unusable]
             job.spec = {**job.spec, "gpus": {**(job.spec.get("gpus") or {}), "types": left}}
-        job.state, job.reason, job.started_at, job.ended_at = JobState.PENDING, verdict.reason, None, None
-        add_event(session, job, "retried", verdict.reason, **data)
+        _retry(session, job, parts, verdict.reason, data)
     else:
-        job.state, job.reason = JobState.FAILED, verdict.reason
-        job.ended_at = max(ends) if ends else job.ended_at
-        add_event(session, job, "failed", verdict.reason, **data)
+        _fail(session, job, verdict.reason, ends, data)
     return True
