@@ -409,6 +409,21 @@ def _gpu_request(job: dict[str, Any], job_id: str) -> tuple[tuple[str | None, in
     return tuple(_tres_gpus(str(job.get("tres_req_str", "") or ""), job_id))
 
 
+def _job_state(value: Any) -> str:
+    """squeue's ``job_state`` as one word, as 22.05 prints it.
+
+    From 23.02 on (24.11, 26.05) it is a list: the base state, then flags. A run whose processes are still
+    being killed carries the COMPLETING flag beside what comes next, and the base state already says it:
+    PREEMPTED while a preempted job may still requeue itself, PENDING once Slurm requeued it. 22.05 says
+    COMPLETING for both (measured, tests/fixtures/slurm-*/squeue_json_preempt_*.json), and so does this: such a
+    job still holds its GPUs and its end is not final yet.
+    """
+    if isinstance(value, list):
+        words = [str(v) for v in value if v]
+        return "COMPLETING" if "COMPLETING" in words else (words[0] if words else "UNKNOWN")
+    return str(value or "UNKNOWN")
+
+
 def parse_squeue_json(stdout: str) -> list[QueueRecord]:
     try:
         data = json.loads(stdout)
@@ -422,8 +437,7 @@ def parse_squeue_json(stdout: str) -> list[QueueRecord]:
                                f"({first.get('source', 'squeue')})")
     out = []
     for job in data.get("jobs", []):
-        state = job.get("job_state")
-        state = state[0] if isinstance(state, list) and state else state  # a list from 23.02 on (24.11, 26.05)
+        state = _job_state(job.get("job_state"))
         het_id = _num(job.get("het_job_id"))
         array_id = _num(job.get("array_job_id"))
         array_task = _num(job.get("array_task_id"))
@@ -436,7 +450,7 @@ def parse_squeue_json(stdout: str) -> list[QueueRecord]:
                 array_job_id=str(array_id) if array_id else None,
                 array_task=array_task if array_id else None,
                 name=str(job.get("name", "")),
-                state=str(state or "UNKNOWN"),
+                state=state,
                 reason=str(job.get("state_reason", "")),
                 comment=str(job.get("comment", "") or ""),
                 user=str(job.get("user_name", "")),
@@ -450,7 +464,7 @@ def parse_squeue_json(stdout: str) -> list[QueueRecord]:
                 qos=str(job.get("qos", "") or ""),
                 priority=_num(job.get("priority")) or 0,
                 time_limit_s=_time_limit_s(job.get("time_limit")),
-                gpus=_held_gpus(job, str(state or ""), job_id),
+                gpus=_held_gpus(job, state, job_id),
                 gpu_request=_gpu_request(job, job_id),
                 exit_code=_exit_code(job.get("exit_code")),
                 restarts=_num(job.get("restart_cnt")) or 0,
@@ -468,12 +482,18 @@ class StoppingJob:
     Measured on 22.05, 24.11 and 26.05 (tests/fixtures/slurm-*/scontrol_show_job_stop_*.txt): a job Slurm is
     cancelling, requeueing (``scontrol requeue``) or killing after a preemption's grace is COMPLETING from the
     moment its tasks get SIGTERM; one preempted within its partition's GraceTime is still RUNNING with its
-    PreemptTime set; a job only signalled (``scancel --signal``) is RUNNING with PreemptTime None.
+    PreemptTime set; a job only signalled (``scancel --signal``) is RUNNING with PreemptTime None. A job a
+    PreemptMode=CANCEL preemption ends is COMPLETING with its PreemptTime set and its Restarts unchanged: it
+    can still requeue itself. One Slurm requeued (PreemptMode=REQUEUE, ``scontrol requeue``) is COMPLETING
+    with Restarts one more than the run's SLURM_RESTART_COUNT and no PreemptTime; its next run starts with
+    PreemptTime None.
     """
 
     #: JobState of each line: one per het component, else one.
     states: tuple[str, ...]
     preempt_time: datetime | None
+    #: Slurm's requeue count of the job as it is now (the most over het components).
+    restarts: int = 0
 
     @property
     def ending(self) -> bool:
@@ -482,7 +502,12 @@ class StoppingJob:
 
     @property
     def preempted(self) -> bool:
-        return not self.ending and self.preempt_time is not None
+        """A preemption stops this run, within its grace (RUNNING) or past it or with none (COMPLETING)."""
+        return self.preempt_time is not None
+
+    def requeued_since(self, run_restarts: int) -> bool:
+        """Slurm already requeued the job since the run that asks began (its SLURM_RESTART_COUNT)."""
+        return self.restarts > run_restarts
 
 
 def parse_scontrol_job_stopping(text: str) -> StoppingJob:
@@ -492,7 +517,11 @@ def parse_scontrol_job_stopping(text: str) -> StoppingJob:
     if not states or len(states) != len(rows):
         raise SlurmOutputError(f"cannot read JobState from scontrol show job output {text.strip()[:200]!r}")
     preempt = [t for row in rows if (t := parse_slurm_time(row.get("PreemptTime", ""))) is not None]
-    return StoppingJob(states, min(preempt) if preempt else None)
+    try:
+        restarts = max(int(row.get("Restarts", "0") or 0) for row in rows)
+    except ValueError:
+        raise SlurmOutputError(f"cannot read Restarts from scontrol show job output {text.strip()[:200]!r}") from None
+    return StoppingJob(states, min(preempt) if preempt else None, restarts)
 
 
 def parse_scontrol_config(text: str) -> dict[str, str]:

@@ -208,6 +208,35 @@ def test_a_stopping_job_tells_a_cancel_from_a_preemption_from_a_signal(rec: Reco
     assert cancelled.states == ("COMPLETING",) and cancelled.ending and not cancelled.preempted
 
 
+def test_a_preemption_with_no_grace_tells_whether_slurm_requeued_the_job(rec: Recorded) -> None:
+    """A preemption ends the run (COMPLETING): under PreemptMode=CANCEL Slurm has not requeued the job (PreemptTime
+    set, Restarts 0, the run's own count) and the job may requeue itself; under REQUEUE Slurm already has."""
+    cancel = parsers.parse_scontrol_job_stopping(rec.read("scontrol_show_job_stop_preempt_cancel.txt"))
+    assert cancel.states == ("COMPLETING",) and cancel.ending and cancel.preempted, cancel
+    assert cancel.restarts == 0 and not cancel.requeued_since(0)
+    requeue = parsers.parse_scontrol_job_stopping(rec.read("scontrol_show_job_stop_preempt_requeue.txt"))
+    assert requeue.ending and requeue.restarts == 1 and requeue.requeued_since(0), requeue
+    assert not requeue.requeued_since(1)  # the run after that requeue asking the same
+
+
+def _victim(rec: Recorded, name: str) -> parsers.QueueRecord:
+    """The preempted job of a recording (22.05's ``squeue --json --jobs`` lists every job)."""
+    job_name = "fx-preempt-" + name.split("_")[3]
+    (record,) = [r for r in parsers.parse_squeue_json(rec.read(name)) if r.name == job_name]
+    return record
+
+
+def test_a_preempted_job_is_completing_until_its_end_is_final(rec: Recorded) -> None:
+    """24.11 and 26.05 list [PREEMPTED, COMPLETING] while a job a PreemptMode=CANCEL preemption ends may still
+    requeue itself, and [PENDING, COMPLETING] once Slurm requeued it; 22.05 says COMPLETING for both. Read as a
+    final PREEMPTED, the first would have the job re-planned while it requeues itself: two runs."""
+    for name in ("squeue_json_preempt_cancel_completing.json", "squeue_json_preempt_requeue_completing.json"):
+        record = _victim(rec, name)
+        assert record.state == "COMPLETING" and record.gpus, (name, record)  # it still holds both k80s
+    assert _victim(rec, "squeue_json_preempt_cancel_final.json").state == "PREEMPTED"
+    assert _victim(rec, "squeue_json_preempt_requeue_final.json").state == "PENDING"
+
+
 def test_a_stopping_het_job_is_ending_when_any_component_is() -> None:
     from tests.unit.recorded import FIXTURES
     text = (FIXTURES / "slurm-22.05" / "scontrol_show_job_het_oneliner.txt").read_text()
