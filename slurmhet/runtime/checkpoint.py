@@ -14,13 +14,18 @@ SIGTERM) to the training process. When all ranks have stopped, rank 0
 checkpoints atomically and then asks Slurm what it is doing to the job
 (``scontrol show job``, parsed by ``slurm.parsers.parse_scontrol_job_stopping``):
 
-- Slurm is ending the run (COMPLETING: ``scancel``, ``scontrol requeue``, a
-  preemption past its grace): ``cancelled``. The job never requeues itself
-  then: a cancelled job stays cancelled, and a run Slurm requeues is requeued
-  once, by Slurm.
-- Preempted within GraceTime (RUNNING, PreemptTime set): ``preempted``; the
-  job requeues itself, since 22.05 ends a preempted job that exits within its
-  grace without requeueing it.
+- Slurm already requeued the job (its Restarts passed the run's
+  SLURM_RESTART_COUNT: ``scontrol requeue``, a PreemptMode=REQUEUE preemption
+  past its grace or with none): the job leaves it at that, run once more by
+  Slurm alone.
+- A preemption (PreemptTime set): ``preempted``. Within GraceTime the job is
+  still RUNNING and requeues itself, since 22.05 ends a preempted job that
+  exits within its grace without requeueing it. Under PreemptMode=CANCEL past
+  its grace, or with none, it is COMPLETING and not requeued: the job requeues
+  itself (Slurm accepts that while the job completes, measured on 22.05, 24.11
+  and 26.05), or Slurm ends it PREEMPTED and ``failures`` re-plans it.
+- Slurm is ending the run otherwise (COMPLETING: ``scancel``): ``cancelled``.
+  The job never requeues itself then: a cancelled job stays cancelled.
 - Otherwise (only signalled), as in submitit, the time left decides: when
   fewer than ``N + 90`` seconds remain (Slurm may signal up to 60 s early) it
   is a ``timeout``, otherwise a ``preempted`` (asked to vacate). The time left
@@ -268,11 +273,16 @@ def stop_reason(signum: int | None, env: Mapping[str, str], now: float, slurm: S
 
     ``slurm`` is None when Slurm could not be asked; the signal and the time left then decide alone.
     """
-    if slurm is not None and slurm.ending:
-        return "cancelled"
     if slurm is not None and slurm.preempted:
         return "preempted"
+    if slurm is not None and slurm.ending:
+        return "cancelled"
     return classify_stop(signum, env, now)
+
+
+def run_restarts(env: Mapping[str, str]) -> int:
+    """How many times Slurm had requeued the job when this run started."""
+    return int(env.get("SLURM_RESTART_COUNT", "0") or 0)
 
 
 def should_requeue(reason: str, env: Mapping[str, str]) -> bool:
@@ -286,9 +296,8 @@ def should_requeue(reason: str, env: Mapping[str, str]) -> bool:
         return False
     if reason == "preempted":
         return True
-    restarts = int(env.get("SLURM_RESTART_COUNT", "0") or 0)
     limit = int(env.get("SLURMHET_MAX_TIMEOUT_REQUEUES", DEFAULT_MAX_TIMEOUT_REQUEUES))
-    return restarts < limit
+    return run_restarts(env) < limit
 
 
 def requeue_target(env: Mapping[str, str]) -> str:
@@ -348,6 +357,9 @@ def handle_stop(stop: StopRequest, *, rank: int, save: Callable[[], object], env
     except SystemFailure as exc:
         view, unknown = None, f" (Slurm's view unknown: {exc}; the signal decided)"
     reason = stop_reason(stop.signum, env, at, view)
+    if view is not None and view.requeued_since(run_restarts(env)):
+        return StopOutcome(reason, False, f"Slurm requeued this run itself (Restarts={view.restarts}): "
+                                          "not requeued by the job")
     if not should_requeue(reason, env):
         why = f"Slurm is ending this run ({'+'.join(sorted(set(view.states)))}): not requeued by the job" \
             if view is not None and reason == "cancelled" else "timeout requeue limit reached; ending cleanly" + unknown

@@ -99,6 +99,10 @@ def test_requeue_policy_and_target() -> None:
 RUNNING = StoppingJob(("RUNNING",), None)
 PREEMPTED = StoppingJob(("RUNNING",), datetime(2026, 12, 6, 7, 19, 36, tzinfo=timezone.utc))
 ENDING = StoppingJob(("COMPLETING",), None)
+#: A preemption with no grace left: PreemptMode=CANCEL (Slurm has not requeued it) or REQUEUE (it has, and
+#: shows no PreemptTime: tests/fixtures/slurm-*/scontrol_show_job_stop_preempt_*.txt).
+PREEMPTED_ENDING = StoppingJob(("COMPLETING",), datetime(2026, 12, 6, 20, 49, 0, tzinfo=timezone.utc))
+REQUEUED = StoppingJob(("COMPLETING",), None, restarts=1)
 
 
 def _asked(view: StoppingJob, calls: list[str]) -> Callable[[object], StoppingJob]:
@@ -125,6 +129,8 @@ def test_only_rank_zero_saves_asks_slurm_and_requeues() -> None:
     (signal.SIGUSR2, 100, ENDING, "cancelled"),       # cancelled near the limit: still a cancel
     (signal.SIGTERM, 3600, PREEMPTED, "preempted"),   # within the partition's GraceTime
     (signal.SIGUSR2, 100, PREEMPTED, "preempted"),    # preempted near the limit: Slurm's word wins
+    (signal.SIGTERM, 3600, PREEMPTED_ENDING, "preempted"),  # past its grace or with none: still a preemption
+    (signal.SIGTERM, 3600, REQUEUED, "cancelled"),    # Slurm is ending it and requeued it itself
     (signal.SIGTERM, 3600, RUNNING, "preempted"),     # only signalled, long before the limit: asked to vacate
     (signal.SIGUSR2, 100, RUNNING, "timeout"),        # Slurm's time-limit warning
     (signal.SIGUSR2, 100, None, "timeout"),           # Slurm not reachable: the signal and the time left decide
@@ -144,6 +150,28 @@ def test_a_run_slurm_is_ending_checkpoints_and_never_requeues_itself() -> None:
     assert (outcome.reason, outcome.requeued, calls) == ("cancelled", False, ["save", "ask"])
     assert outcome.detail == "Slurm is ending this run (COMPLETING): not requeued by the job"
     assert not should_requeue("cancelled", {})
+
+
+def test_a_preemption_that_ends_the_run_requeues_it_unless_slurm_already_did() -> None:
+    """PreemptMode=CANCEL with no grace left: COMPLETING, PreemptTime set, not requeued: the job requeues itself
+    (Slurm accepts it while the job completes). PreemptMode=REQUEUE: Slurm's Restarts is past the run's own
+    count, and a second requeue would be refused or, worse, run the job once more."""
+    env = {"SLURM_JOB_ID": "1", "SLURM_JOB_END_TIME": str(NOW + 3600), "SLURM_RESTART_COUNT": "0"}
+    calls: list[str] = []
+    cancel_mode = handle_stop(StopRequest(signal.SIGTERM, NOW), rank=0, save=lambda: calls.append("save"), env=env,
+                              requeue=lambda e: calls.append("requeue"), slurm=_asked(PREEMPTED_ENDING, calls))
+    assert (cancel_mode.reason, cancel_mode.requeued, calls) == ("preempted", True, ["save", "ask", "requeue"])
+    calls.clear()
+    requeue_mode = handle_stop(StopRequest(signal.SIGTERM, NOW), rank=0, save=lambda: calls.append("save"), env=env,
+                               requeue=lambda e: calls.append("requeue"), slurm=_asked(REQUEUED, calls))
+    assert (requeue_mode.reason, requeue_mode.requeued, calls) == ("cancelled", False, ["save", "ask"])
+    assert requeue_mode.detail == "Slurm requeued this run itself (Restarts=1): not requeued by the job"
+    calls.clear()
+    # A CANCEL-mode preemption of a run that is itself a requeue: Restarts=1 is that run's own count.
+    again = handle_stop(StopRequest(signal.SIGTERM, NOW), rank=0, save=lambda: calls.append("save"),
+                        env={**env, "SLURM_RESTART_COUNT": "1"}, requeue=lambda e: calls.append("requeue"),
+                        slurm=_asked(StoppingJob(("COMPLETING",), PREEMPTED_ENDING.preempt_time, restarts=1), calls))
+    assert (again.reason, again.requeued, calls) == ("preempted", True, ["save", "ask", "requeue"])
 
 
 def test_a_profiling_run_does_not_ask_slurm() -> None:
