@@ -6,8 +6,10 @@ the job FAILED with the exit code and the tail of its stderr instead of resubmit
 it forever. Running out of GPU memory is a fact about the GPU type, not the job:
 that type and every allowed type with no more memory become unusable for this job,
 which is re-planned on the others (a type with more memory), and fails only when
-none is left. A lost node (NODE_FAIL) is no fault of the job: it is re-planned and
-resumes from its checkpoint. A run that fails later, for its own reason, stays FAILED.
+none is left. A lost node (NODE_FAIL) is no fault of the job, nor is a preemption
+that ended it for good (PREEMPTED: PreemptMode=CANCEL, or a requeue the job could not
+make): either is re-planned and resumes from its checkpoint. A run that fails later,
+for its own reason, stays FAILED.
 """
 
 from __future__ import annotations
@@ -54,9 +56,13 @@ def judge(run: FailedRun, earlier_quick: int, unusable: Sequence[str], allowed: 
     """The verdict on ``run``; ``earlier_quick``: the job's quick failures before it; ``allowed``: the types
     its spec allows (or the cluster has); ``memory_gb``: a type's memory per GPU (None: unknown)."""
     exit_text = f"exit {run.exit_code}" if run.exit_code else run.slurm_state
-    if run.slurm_state == "NODE_FAIL":
+    states = set(run.slurm_state.split(","))
+    if "NODE_FAIL" in states:
         return Verdict("retry", f"its node failed under it ({exit_text}); re-planned, resumes from its checkpoint",
                        tuple(unusable))
+    if "PREEMPTED" in states:
+        return Verdict("retry", "a higher-priority job preempted it and Slurm did not requeue it (PREEMPTED); "
+                                "re-planned, resumes from its checkpoint", tuple(unusable))
     if any(GPU_OOM.search(line) for line in run.stderr_tail) and run.gpu_types:
         known = [m for m in (memory_gb(t) for t in run.gpu_types) if m is not None]
         ceiling = max(known) if len(known) == len(run.gpu_types) else None

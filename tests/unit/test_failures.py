@@ -1,5 +1,5 @@
 """What a failed run means: retry once after a start-up crash, re-plan off a type that ran out of memory,
-re-plan after a lost node, fail for good otherwise."""
+re-plan after a lost node or a preemption Slurm did not requeue, fail for good otherwise."""
 
 from __future__ import annotations
 
@@ -58,6 +58,17 @@ def test_a_lost_node_is_retried_whatever_came_before() -> None:
     assert verdict.action == "retry" and "its node failed under it" in verdict.reason  # type: ignore[attr-defined]
 
 
+def test_a_preemption_that_ended_the_run_is_re_planned_however_long_it_ran() -> None:
+    """PreemptMode=CANCEL (or a self-requeue Slurm refused) leaves PREEMPTED: the job is not at fault, early or
+    late, and neither its start-up failures before nor the GPU type matter."""
+    for ran in (5.0, 7200.0):
+        verdict = _judge(FailedRun("PREEMPTED", "0:0", ran, ("v100",)), earlier=MAX_QUICK_FAILURES - 1)
+        assert (verdict.action, verdict.quick) == ("retry", False)  # type: ignore[attr-defined]
+        assert "preempted it and Slurm did not requeue it" in verdict.reason  # type: ignore[attr-defined]
+    late = _judge(FailedRun("FAILED", "0:0", 7200.0, ("v100",)))
+    assert late.action == "fail"  # type: ignore[attr-defined]  # the same run, FAILED, is the job's own
+
+
 def test_tail_keeps_the_last_non_empty_lines() -> None:
     assert tail("a\n\nb\nc\n", 2) == ("b", "c") and tail("") == ()
 
@@ -107,6 +118,19 @@ def test_gpu_oom_narrows_the_jobs_types_to_those_with_more_memory(tmp_path: Path
         assert settle_failure(session, job, tmp_path)
         assert job.state is JobState.PENDING and job.reason == "GPU out of memory on k80 (12 GB); re-planned on t4, v100"
         assert job.spec["gpus"]["types"] == ["t4", "v100"]
+
+
+def test_a_run_a_preemption_ended_is_re_planned_and_counted_as_a_restart(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    with db.transaction() as session:
+        job = create_job(session, SPEC, "alice", "f.yaml")
+        job.state = JobState.RUNNING
+        _run(job, "651", "k80", tmp_path, "", seconds=3600, raw="PREEMPTED")
+        assert settle_failure(session, job, tmp_path)
+        assert job.state is JobState.PENDING and job.reason.startswith("a higher-priority job preempted it")
+        assert [p.role for p in job.slurm_jobs] == ["retried"]
+        (event,) = session.query(Event).filter(Event.job_id == job.id, Event.kind == "retried").all()
+        assert (event.data["slurm_state"], event.data["quick"]) == ("PREEMPTED", False)
 
 
 def test_packs_and_forked_rounds_are_left_to_fail_as_before(tmp_path: Path) -> None:
