@@ -1,7 +1,11 @@
 """Real preemption on the dev cluster: a job of the high-priority partition (urgent, PriorityTier=10) needs the
 GPUs a slurmhet job trains on. Slurm signals the job, which checkpoints within its partition's GraceTime; Slurm
 requeues it under its own id; replan releases the requeue hold once the GPUs are free, and the job resumes from
-its checkpoint and completes: one Slurm job, two runs, no step trained twice, the restart in status and report."""
+its checkpoint and completes: one Slurm job, two runs, no step trained twice, the restart in status and report.
+
+In a PreemptMode=CANCEL partition with no grace (a scavenger queue) Slurm ends a preempted job for good unless it
+requeues itself: the job does so while it completes; where it may not (Requeue=0), Slurm says PREEMPTED and
+slurmhet re-plans it, under a new Slurm id, from its checkpoint. Either way it runs once and loses nothing."""
 
 from __future__ import annotations
 
@@ -10,12 +14,13 @@ import os
 import subprocess
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
 from slurmhet.runtime.progress import read_progress
 from tests.cluster.helpers import cli, status, train_spec
-from tests.cluster.replan_helpers import sbatch_foreign, wait_slurm
+from tests.cluster.replan_helpers import sbatch_foreign, scancel, wait_slurm
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster")
 
@@ -97,3 +102,112 @@ def test_a_preempted_job_checkpoints_is_requeued_and_resumes_from_its_checkpoint
     report = json.loads(cli("report", "--json", state=state_dir).stdout)
     (line,) = [j for j in report["jobs"] if j["id"] == job_id]
     assert (line["state"], line["restarts"]) == ("COMPLETED", len(history) - 1), line
+
+
+SCAVENGER = "fx-scavenger"
+
+
+def _scontrol(*args: str) -> None:
+    subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=30, check=True)
+
+
+@pytest.fixture
+def scavenger() -> Iterator[str]:
+    """A temporary PreemptMode=CANCEL partition on nodec with no GraceTime (what sites call scavenger), deleted
+    once the jobs in it are gone."""
+    _scontrol("create", f"PartitionName={SCAVENGER}", "Nodes=nodec", "PreemptMode=CANCEL", "GraceTime=0", "State=UP")
+    try:
+        yield SCAVENGER
+    finally:
+        deadline = time.monotonic() + 60
+        while (ids := subprocess.run(["squeue", "-h", "-p", SCAVENGER, "-o", "%i"], capture_output=True, text=True,
+                                     timeout=30).stdout.split()) and time.monotonic() < deadline:
+            scancel(ids)
+            time.sleep(1)
+        subprocess.run(["scontrol", "delete", f"PartitionName={SCAVENGER}"], capture_output=True, timeout=30)
+
+
+def _preempt_in_scavenger(tmp_path: Path, state_dir: Path, leftovers: list[str], no_requeue: bool
+                          ) -> tuple[int, str, int, list[str]]:
+    """Submit the training spec into the scavenger partition, let it train a few steps, preempt it with another
+    user's urgent job on both k80s, then replan as cron does until the job is final: (job id, its first Slurm
+    id, the step reached when preempted, replan's actions)."""
+    spec = train_spec(tmp_path / "job.yaml", "scavenging", STEPS, 32, "{min: 1, max: 1, types: [k80]}",
+                      tmp_path / "ckpt", "--dataset-size", "256", extra=f"partition: {SCAVENGER}\n")
+    env = {**ENV, "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    [out] = json.loads(cli("submit", "--json", str(spec), state=state_dir, env=env).stdout)["jobs"]
+    leftovers.extend(out["slurm_job_ids"])
+    job_id, (slurm_id,) = out["job_id"], out["slurm_job_ids"]
+    if no_requeue:  # as on a site with JobRequeue=0: the job's own scontrol requeue is refused
+        _scontrol("update", f"JobId={slurm_id}", "Requeue=0")
+    deadline = time.monotonic() + 90
+    while _steps(state_dir, job_id) < 6:
+        assert time.monotonic() < deadline, status(state_dir)[job_id]
+        time.sleep(0.5)
+    urgent = sbatch_foreign("-p", "urgent", "--gres=gpu:k80:2", "-w", "nodec", "-t", "2", "--wrap", "sleep 15")
+    leftovers.append(urgent)
+    wait_slurm(urgent, ("RUNNING",), timeout=90)
+    preempted_at = _steps(state_dir, job_id)
+    assert preempted_at < STEPS, "the job finished before it was preempted"
+    actions: list[str] = []
+    deadline = time.monotonic() + 180
+    while (row := status(state_dir)[job_id])["state"] not in ("COMPLETED", "FAILED", "CANCELLED"):
+        assert time.monotonic() < deadline, (row, actions, _history(slurm_id))
+        actions += json.loads(cli("replan", "--once", "--json", state=state_dir, env=env).stdout)["actions"]
+        leftovers.extend(p["id"] for p in row["slurm"])
+        time.sleep(2)
+    assert row["state"] == "COMPLETED", (row, actions, _history(slurm_id))
+    return job_id, slurm_id, preempted_at, actions
+
+
+def _stopped_at(state_dir: Path, job_id: int) -> tuple[int, str]:
+    """The step the preempted run stopped after, and the launcher's line saying so."""
+    errors = cli("logs", "--stderr", str(job_id), state=state_dir).stdout
+    stopped = [line for line in errors.splitlines() if "stopping after step" in line and "preempted" in line]
+    assert len(stopped) == 1, errors
+    return int(stopped[0].split("stopping after step ")[1].split(":")[0]), stopped[0]
+
+
+def test_a_job_a_cancel_mode_preemption_ends_requeues_itself_and_resumes(tmp_path: Path, state_dir: Path,
+                                                                         leftovers: list[str],
+                                                                         scavenger: str) -> None:
+    job_id, slurm_id, preempted_at, _ = _preempt_in_scavenger(tmp_path, state_dir, leftovers, no_requeue=False)
+    row = status(state_dir)[job_id]
+    assert [p["id"] for p in row["slurm"]] == [slurm_id], row  # requeued by itself, under its own id
+    history = _history(slurm_id)
+    # 22.05 calls the preempted run REQUEUED once the job requeued itself, 24.11 and 26.05 PREEMPTED or REQUEUED.
+    assert history[0] in ("PREEMPTED", "REQUEUED") and history[-1] == "COMPLETED" and len(history) == 2, history
+    at, line = _stopped_at(state_dir, job_id)
+    assert preempted_at <= at < STEPS and line.rstrip().endswith("requeued"), line
+    log = cli("logs", str(job_id), state=state_dir).stdout
+    summaries = [json.loads(x) for x in log.splitlines() if x.startswith("{") and '"start_steps"' in x]
+    assert [(s["start_steps"], s["steps"], s["state"]) for s in summaries] == [(0, at, "preempted"),
+                                                                              (at, STEPS, "done")], summaries
+    assert row["restarts"] == 1, row
+
+
+def test_a_job_a_cancel_mode_preemption_ends_for_good_is_re_planned_and_resumes(tmp_path: Path, state_dir: Path,
+                                                                               leftovers: list[str],
+                                                                               scavenger: str) -> None:
+    job_id, slurm_id, preempted_at, actions = _preempt_in_scavenger(tmp_path, state_dir, leftovers,
+                                                                    no_requeue=True)
+    assert _history(slurm_id) == ["PREEMPTED"]  # Slurm ran the first Slurm job once and never again
+    row = status(state_dir)[job_id]
+    parts = row["slurm"]
+    assert [p["role"] for p in parts] == ["retried", "batch"] and parts[0]["id"] == slurm_id, parts
+    assert _history(parts[1]["id"]) == ["COMPLETED"], parts  # the re-planned run, once
+    assert any(parts[1]["id"] in a for a in actions), actions
+    at, line = _stopped_at(state_dir, job_id)
+    assert preempted_at <= at < STEPS and "requeue failed" in line, line
+    detail = json.loads(cli("status", str(job_id), "--json", state=state_dir).stdout)
+    retried = [e["message"] for e in detail["events"] if e["kind"] == "retried"]
+    assert len(retried) == 1 and "preempted it and Slurm did not requeue it" in retried[0], detail["events"]
+    log = cli("logs", str(job_id), state=state_dir).stdout
+    errors = cli("logs", "--stderr", str(job_id), state=state_dir).stdout
+    assert f"resuming from {tmp_path / 'ckpt' / 'checkpoint.pt'} at step {at}" in log + errors, (log, errors)
+    summaries = [json.loads(x) for x in log.splitlines() if x.startswith("{") and '"start_steps"' in x]
+    assert [(s["start_steps"], s["steps"], s["state"]) for s in summaries] == [(0, at, "preempted"),
+                                                                              (at, STEPS, "done")], summaries
+    report = json.loads(cli("report", "--json", state=state_dir).stdout)
+    (entry,) = [j for j in report["jobs"] if j["id"] == job_id]
+    assert (entry["state"], entry["restarts"]) == ("COMPLETED", 1), entry
