@@ -41,15 +41,20 @@ def _steps(state_dir: Path, job_id: int) -> int:
     return max((r.steps_done for r in read_progress(state_dir / "progress") if r.job_id == str(job_id)), default=0)
 
 
-def test_a_preempted_job_checkpoints_is_requeued_and_resumes_from_its_checkpoint(tmp_path: Path, state_dir: Path,
-                                                                                leftovers: list[str]) -> None:
-    ckpt = tmp_path / "ckpt"
-    spec = train_spec(tmp_path / "job.yaml", "preemptible", STEPS, 32, "{min: 1, max: 1, types: [k80]}", ckpt,
-                      "--dataset-size", "256")
+def _preempt(tmp_path: Path, state_dir: Path, leftovers: list[str], partition: str | None = None,
+             no_requeue: bool = False) -> tuple[int, str, int, list[str]]:
+    """Submit the training spec (into ``partition`` if given), let it train a few steps, preempt it with another
+    user's urgent job on both k80s, then replan as cron does until the job is final: (job id, its first Slurm
+    id, the step reached when preempted, replan's actions). ``no_requeue``: the job's own requeue is refused."""
+    spec = train_spec(tmp_path / "job.yaml", "preemptible", STEPS, 32, "{min: 1, max: 1, types: [k80]}",
+                      tmp_path / "ckpt", "--dataset-size", "256",
+                      extra=f"partition: {partition}\n" if partition else "")
     env = {**ENV, "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
     [out] = json.loads(cli("submit", "--json", str(spec), state=state_dir, env=env).stdout)["jobs"]
     leftovers.extend(out["slurm_job_ids"])
     job_id, (slurm_id,) = out["job_id"], out["slurm_job_ids"]
+    if no_requeue:  # as on a site with JobRequeue=0: the job's own scontrol requeue is refused
+        _scontrol("update", f"JobId={slurm_id}", "Requeue=0")
     deadline = time.monotonic() + 90
     while _steps(state_dir, job_id) < 6:
         assert time.monotonic() < deadline, status(state_dir)[job_id]
@@ -63,12 +68,25 @@ def test_a_preempted_job_checkpoints_is_requeued_and_resumes_from_its_checkpoint
     assert preempted_at < STEPS, "the job finished before it was preempted"
 
     actions: list[str] = []
-    deadline = time.monotonic() + 150
+    deadline = time.monotonic() + 180
     while (row := status(state_dir)[job_id])["state"] not in ("COMPLETED", "FAILED", "CANCELLED"):
         assert time.monotonic() < deadline, (row, actions, _history(slurm_id))
         actions += json.loads(cli("replan", "--once", "--json", state=state_dir, env=env).stdout)["actions"]
+        leftovers.extend(p["id"] for p in row["slurm"])
         time.sleep(2)
+    assert row["state"] == "COMPLETED", (row, actions, _history(slurm_id))
+    return job_id, slurm_id, preempted_at, actions
 
+
+def _scontrol(*args: str) -> None:
+    subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=30, check=True)
+
+
+def test_a_preempted_job_checkpoints_is_requeued_and_resumes_from_its_checkpoint(tmp_path: Path, state_dir: Path,
+                                                                                leftovers: list[str]) -> None:
+    ckpt = tmp_path / "ckpt"
+    job_id, slurm_id, preempted_at, actions = _preempt(tmp_path, state_dir, leftovers)
+    row = status(state_dir)[job_id]
     assert row["state"] == "COMPLETED", row
     assert [p["id"] for p in row["slurm"]] == [slurm_id], row  # requeued under its own id: never resubmitted
     history = _history(slurm_id)
@@ -107,10 +125,6 @@ def test_a_preempted_job_checkpoints_is_requeued_and_resumes_from_its_checkpoint
 SCAVENGER = "fx-scavenger"
 
 
-def _scontrol(*args: str) -> None:
-    subprocess.run(["scontrol", *args], capture_output=True, text=True, timeout=30, check=True)
-
-
 @pytest.fixture
 def scavenger() -> Iterator[str]:
     """A temporary PreemptMode=CANCEL partition on nodec with no GraceTime (what sites call scavenger), deleted
@@ -127,39 +141,6 @@ def scavenger() -> Iterator[str]:
         subprocess.run(["scontrol", "delete", f"PartitionName={SCAVENGER}"], capture_output=True, timeout=30)
 
 
-def _preempt_in_scavenger(tmp_path: Path, state_dir: Path, leftovers: list[str], no_requeue: bool
-                          ) -> tuple[int, str, int, list[str]]:
-    """Submit the training spec into the scavenger partition, let it train a few steps, preempt it with another
-    user's urgent job on both k80s, then replan as cron does until the job is final: (job id, its first Slurm
-    id, the step reached when preempted, replan's actions)."""
-    spec = train_spec(tmp_path / "job.yaml", "scavenging", STEPS, 32, "{min: 1, max: 1, types: [k80]}",
-                      tmp_path / "ckpt", "--dataset-size", "256", extra=f"partition: {SCAVENGER}\n")
-    env = {**ENV, "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
-    [out] = json.loads(cli("submit", "--json", str(spec), state=state_dir, env=env).stdout)["jobs"]
-    leftovers.extend(out["slurm_job_ids"])
-    job_id, (slurm_id,) = out["job_id"], out["slurm_job_ids"]
-    if no_requeue:  # as on a site with JobRequeue=0: the job's own scontrol requeue is refused
-        _scontrol("update", f"JobId={slurm_id}", "Requeue=0")
-    deadline = time.monotonic() + 90
-    while _steps(state_dir, job_id) < 6:
-        assert time.monotonic() < deadline, status(state_dir)[job_id]
-        time.sleep(0.5)
-    urgent = sbatch_foreign("-p", "urgent", "--gres=gpu:k80:2", "-w", "nodec", "-t", "2", "--wrap", "sleep 15")
-    leftovers.append(urgent)
-    wait_slurm(urgent, ("RUNNING",), timeout=90)
-    preempted_at = _steps(state_dir, job_id)
-    assert preempted_at < STEPS, "the job finished before it was preempted"
-    actions: list[str] = []
-    deadline = time.monotonic() + 180
-    while (row := status(state_dir)[job_id])["state"] not in ("COMPLETED", "FAILED", "CANCELLED"):
-        assert time.monotonic() < deadline, (row, actions, _history(slurm_id))
-        actions += json.loads(cli("replan", "--once", "--json", state=state_dir, env=env).stdout)["actions"]
-        leftovers.extend(p["id"] for p in row["slurm"])
-        time.sleep(2)
-    assert row["state"] == "COMPLETED", (row, actions, _history(slurm_id))
-    return job_id, slurm_id, preempted_at, actions
-
-
 def _stopped_at(state_dir: Path, job_id: int) -> tuple[int, str]:
     """The step the preempted run stopped after, and the launcher's line saying so."""
     errors = cli("logs", "--stderr", str(job_id), state=state_dir).stdout
@@ -171,7 +152,7 @@ def _stopped_at(state_dir: Path, job_id: int) -> tuple[int, str]:
 def test_a_job_a_cancel_mode_preemption_ends_requeues_itself_and_resumes(tmp_path: Path, state_dir: Path,
                                                                          leftovers: list[str],
                                                                          scavenger: str) -> None:
-    job_id, slurm_id, preempted_at, _ = _preempt_in_scavenger(tmp_path, state_dir, leftovers, no_requeue=False)
+    job_id, slurm_id, preempted_at, _ = _preempt(tmp_path, state_dir, leftovers, scavenger)
     row = status(state_dir)[job_id]
     assert [p["id"] for p in row["slurm"]] == [slurm_id], row  # requeued by itself, under its own id
     history = _history(slurm_id)
@@ -189,8 +170,8 @@ def test_a_job_a_cancel_mode_preemption_ends_requeues_itself_and_resumes(tmp_pat
 def test_a_job_a_cancel_mode_preemption_ends_for_good_is_re_planned_and_resumes(tmp_path: Path, state_dir: Path,
                                                                                leftovers: list[str],
                                                                                scavenger: str) -> None:
-    job_id, slurm_id, preempted_at, actions = _preempt_in_scavenger(tmp_path, state_dir, leftovers,
-                                                                    no_requeue=True)
+    job_id, slurm_id, preempted_at, actions = _preempt(tmp_path, state_dir, leftovers, scavenger,
+                                                       no_requeue=True)
     assert _history(slurm_id) == ["PREEMPTED"]  # Slurm ran the first Slurm job once and never again
     row = status(state_dir)[job_id]
     parts = row["slurm"]
