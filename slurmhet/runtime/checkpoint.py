@@ -44,11 +44,13 @@ from __future__ import annotations
 
 import math
 import signal
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from slurmhet.errors import InputError, SystemFailure
 from slurmhet.runtime.output import say
@@ -328,6 +330,24 @@ def requeue_job(env: Mapping[str, str]) -> None:
     SubprocessRunner(timeout=60).run(["scontrol", "requeue", requeue_target(env)])
 
 
+@contextmanager
+def outliving_sigterm() -> Iterator[None]:
+    """Commands started within ignore SIGTERM (an ignored signal stays ignored across exec).
+
+    The stop's ``scontrol`` calls run between Slurm's SIGTERM and KillWait's SIGKILL, and Slurm may send
+    SIGTERM again meanwhile (measured on 24.11 with no grace: ``scontrol show job`` exited -15). Only SIGKILL
+    should end them. Signal dispositions belong to the main thread; elsewhere this changes nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @dataclass(frozen=True)
 class StopOutcome:
     reason: str
@@ -353,7 +373,8 @@ def handle_stop(stop: StopRequest, *, rank: int, save: Callable[[], object], env
         return StopOutcome(classify_stop(stop.signum, env, at), False, "a profiling run is not requeued")
     unknown = ""
     try:
-        view: StoppingJob | None = slurm(env)
+        with outliving_sigterm():
+            view: StoppingJob | None = slurm(env)
     except SystemFailure as exc:
         view, unknown = None, f" (Slurm's view unknown: {exc}; the signal decided)"
     reason = stop_reason(stop.signum, env, at, view)
@@ -365,7 +386,8 @@ def handle_stop(stop: StopRequest, *, rank: int, save: Callable[[], object], env
             if view is not None and reason == "cancelled" else "timeout requeue limit reached; ending cleanly" + unknown
         return StopOutcome(reason, False, why)
     try:
-        requeue(env)
+        with outliving_sigterm():
+            requeue(env)
     except SystemFailure as exc:
         return StopOutcome(reason, False, f"requeue failed: {exc}" + unknown)
     return StopOutcome(reason, True, "requeued" + unknown)

@@ -174,6 +174,26 @@ def test_a_preemption_that_ends_the_run_requeues_it_unless_slurm_already_did() -
     assert (again.reason, again.requeued, calls) == ("preempted", True, ["save", "ask", "requeue"])
 
 
+def test_the_stops_scontrol_calls_outlive_a_second_sigterm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Slurm may send SIGTERM again while the stop asks and requeues (24.11, no grace): the real scontrol calls,
+    here a stand-in that sends itself SIGTERM first, must still answer; only KillWait's SIGKILL ends them."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    answer = FIXTURES / "slurm-24.11" / "scontrol_show_job_stop_preempt_cancel.txt"
+    scontrol = bin_dir / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\nkill -TERM $$\necho \"$@\" >> {calls}\n[ \"$1\" = show ] && cat {answer}\n"
+                        "exit 0\n")
+    scontrol.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    before = signal.getsignal(signal.SIGTERM)
+    outcome = handle_stop(StopRequest(signal.SIGTERM, NOW), rank=0, save=lambda: None,
+                          env={"SLURM_JOB_ID": "4022", "SLURM_JOB_END_TIME": str(NOW + 3600)})
+    assert (outcome.reason, outcome.requeued, outcome.detail) == ("preempted", True, "requeued"), outcome
+    assert calls.read_text().split("\n")[:2] == ["show job --oneliner 4022", "requeue 4022"]
+    assert signal.getsignal(signal.SIGTERM) is before  # the launcher's own handler is back
+
+
 def test_a_profiling_run_does_not_ask_slurm() -> None:
     calls: list[str] = []
     outcome = handle_stop(StopRequest(signal.SIGTERM, NOW), rank=0, save=lambda: calls.append("save"),
