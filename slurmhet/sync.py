@@ -278,7 +278,8 @@ def settle_stopped(session: Session, job: Job, progress_dir: Path) -> bool:
     starts = [p.started_at for p in parts if p.started_at]
     ends = [p.ended_at for p in parts if p.ended_at]
     checkpoint = job.spec.get("checkpoint_dir")
-    data = {"slurm_job_ids": sorted({p.target for p in parts}), "slurm_state": "COMPLETED", "exit_code": "0:0",  # what COMPLETED means
+    data = {"slurm_job_ids": sorted({p.target for p in parts}),
+            "slurm_state": "COMPLETED", "exit_code": "0:0",  # what COMPLETED means
             "ran_s": (max(ends) - min(starts)).total_seconds() if starts and ends else None,
             "steps": last.steps_done, "total_steps": total, "stopped": last.state}
     if last.state == "timeout":
