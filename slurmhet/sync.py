@@ -21,7 +21,7 @@ from slurmhet.store.db import Database
 from slurmhet.failures import FailedRun, judge, tail
 from slurmhet.gpu_catalog import builtin
 from slurmhet.joblogs import stderr_file
-from slurmhet.runtime.progress import finished_steps, read_progress, stopped_short
+from slurmhet.runtime.progress import STOPPED_STATES, ProgressRecord, finished_steps, read_progress, stopped_short
 from slurmhet.spec import parse_job
 from slurmhet.store.models import ClusterSnapshot, Event, Job, JobState, SlurmJob
 from slurmhet.store.records import add_event, list_jobs
@@ -275,11 +275,18 @@ def settle_stopped(session: Session, job: Job, progress_dir: Path) -> bool:
     last = stopped_short(read_progress(progress_dir, str(job.id)), total)
     if last is None:
         return False
+    _settle_short(session, job, parts, last, total, "COMPLETED", "0:0")  # what COMPLETED means
+    return True
+
+
+def _settle_short(session: Session, job: Job, parts: Sequence[SlurmJob], last: ProgressRecord, total: int,
+                  slurm_state: str, exit_code: str) -> None:
+    """Retry (or, at its time limit with no timeout requeue left, fail) a job whose run stopped on a signal at
+    ``last``'s step before its last one."""
     starts = [p.started_at for p in parts if p.started_at]
     ends = [p.ended_at for p in parts if p.ended_at]
     checkpoint = job.spec.get("checkpoint_dir")
-    data = {"slurm_job_ids": sorted({p.target for p in parts}),
-            "slurm_state": "COMPLETED", "exit_code": "0:0",  # what COMPLETED means
+    data = {"slurm_job_ids": sorted({p.target for p in parts}), "slurm_state": slurm_state, "exit_code": exit_code,
             "ran_s": (max(ends) - min(starts)).total_seconds() if starts and ends else None,
             "steps": last.steps_done, "total_steps": total, "stopped": last.state}
     if last.state == "timeout":
@@ -287,21 +294,36 @@ def settle_stopped(session: Session, job: Job, progress_dir: Path) -> bool:
             "resume from it" if checkpoint else "it has no checkpoint_dir: a longer time_limit lets it finish"
         _fail(session, job, f"stopped at its time limit at step {last.steps_done} of {total} with no timeout "
               f"requeue left (SLURMHET_MAX_TIMEOUT_REQUEUES); {go_on}", ends, data)
-        return True
+        return
     resume = "resumes from its checkpoint" if checkpoint else "starts over (no checkpoint_dir)"
     _retry(session, job, parts, f"its run stopped at step {last.steps_done} of {total} ({last.state}) and Slurm "
            f"did not requeue it; re-planned, {resume}", data)
-    return True
 
 
-#: Part roles whose failure slurmhet judges (retry or fail); a pack, a forked round or an adopted part just fails.
-_JUDGED_ROLES = frozenset({"batch", "het", "sweep"})
+#: Part roles whose failure slurmhet judges (retry or fail); a forked round or an adopted part just fails.
+_JUDGED_ROLES = frozenset({"batch", "het", "sweep", "pack"})
 
 
 def _judged_parts(job: Job) -> list[SlurmJob]:
     """The job's current parts when slurmhet judges how its run ended (all of a judged role), else []."""
     parts = [p for p in job.slurm_jobs if p.current]
     return parts if all(p.role in _JUDGED_ROLES for p in parts) else []
+
+
+def _member_run(parts: Sequence[SlurmJob], records: Iterable[ProgressRecord]) -> ProgressRecord | None:
+    """A pack member's own record (rank 0) of its pack's latest run; None for a job that is not in a pack or
+    left no record.
+
+    A pack is one Slurm job for several slurmhet jobs: its state, exit code and end are the pack's (run-pack
+    waits for every member and exits with the first failing member's status), so a member that crashed in
+    its first seconds beside one that trained for hours, or one that finished its work or checkpointed on a
+    signal beside one that crashed, is told apart only by what its own launcher recorded.
+    """
+    if not parts or any(p.role != "pack" for p in parts):
+        return None
+    ids = {p.slurm_job_id for p in parts}
+    runs = [r for r in records if r.rank == 0 and r.slurm_job_id in ids]
+    return max(runs, key=lambda r: r.updated_at, default=None)
 
 
 def _retry(session: Session, job: Job, parts: Sequence[SlurmJob], reason: str, data: dict[str, Any]) -> None:
@@ -343,7 +365,8 @@ def settle_failure(session: Session, job: Job, progress_dir: Path) -> bool:
     starts = [p.started_at for p in failed if p.started_at]
     ends = [p.ended_at for p in failed if p.ended_at]
     total = parse_job(job.spec, f"store:job {job.id}").total_steps
-    if finished_steps(read_progress(progress_dir, str(job.id))).get(str(job.id), 0) >= total:
+    records = read_progress(progress_dir, str(job.id))
+    if finished_steps(records).get(str(job.id), 0) >= total:
         ids = sorted({p.target for p in failed})
         add_event(session, job, "state", f"{job.state.value} -> {JobState.COMPLETED.value}: Slurm job "
                   f"{', '.join(ids)} ended FAILED after the command had finished all {total} steps (progress: done)",
@@ -356,10 +379,18 @@ def settle_failure(session: Session, job: Job, progress_dir: Path) -> bool:
         text = err.read_text(errors="replace") if err is not None else ""
     except OSError:
         text = ""
-    run = FailedRun(",".join(sorted({p.reason for p in failed if p.reason})) or "FAILED",
-                    next((p.exit_code for p in failed if p.exit_code and p.exit_code != "0:0"), ""),
-                    (max(ends) - min(starts)).total_seconds() if starts and ends else None,
-                    tuple(sorted({p.gpu_type for p in failed if p.gpu_type})), tail(text))
+    slurm_state = ",".join(sorted({p.reason for p in failed if p.reason})) or "FAILED"
+    exit_code = next((p.exit_code for p in failed if p.exit_code and p.exit_code != "0:0"), "")
+    ran_s = (max(ends) - min(starts)).total_seconds() if starts and ends else None
+    own = _member_run(failed, records)
+    if own is not None and own.state in STOPPED_STATES:  # checkpointed on a signal; another member failed the pack
+        _settle_short(session, job, failed, own, total, slurm_state, exit_code)
+        return True
+    if own is not None and own.state == "failed" and own.exit_code is not None:
+        exit_code = f"{own.exit_code}:0"  # its own command's status and end, not the pack's
+        ran_s = own.updated_at - min(starts).timestamp() if starts else None
+    run = FailedRun(slurm_state, exit_code, ran_s, tuple(sorted({p.gpu_type for p in failed if p.gpu_type})),
+                    tail(text))
     events = session.scalars(select(Event).where(Event.job_id == job.id, Event.kind == "retried")).all()
     earlier = sum(1 for e in events if (e.data or {}).get("quick"))
     unusable = tuple(events[-1].data.get("unusable") or ()) if events and events[-1].data else ()

@@ -133,12 +133,13 @@ def test_a_run_a_preemption_ended_is_re_planned_and_counted_as_a_restart(tmp_pat
         assert (event.data["slurm_state"], event.data["quick"]) == ("PREEMPTED", False)
 
 
-def test_packs_and_forked_rounds_are_left_to_fail_as_before(tmp_path: Path) -> None:
+def test_forked_rounds_and_adopted_parts_are_left_to_fail_as_before(tmp_path: Path) -> None:
     db = Database(f"sqlite:///{tmp_path}/s.db")
     with db.transaction() as session:
-        job = create_job(session, SPEC, "alice", "f.yaml")
-        job.slurm_jobs.append(SlurmJob(slurm_job_id="701", role="pack", state="FAILED"))
-        assert not settle_failure(session, job, tmp_path)
+        for role in ("consolidation", "adopted"):
+            job = create_job(session, SPEC, "alice", "f.yaml")
+            job.slurm_jobs.append(SlurmJob(slurm_job_id="701", role=role, state="FAILED"))
+            assert not settle_failure(session, job, tmp_path)
 
 
 def _progress(directory: Path, job_id: int, slurm_id: str, steps: int, state: str, exit_code: int | None,
@@ -249,7 +250,63 @@ def test_a_completed_run_is_left_completed_unless_its_last_run_stopped_short(tmp
             _completed(job, last)
             sync_jobs(session, [job], _done_in_slurm(last), progress)
             assert job.state.value == want, runs
-        pack = create_job(session, CKPT_SPEC, "alice", "f.yaml")
-        pack.slurm_jobs.append(SlurmJob(slurm_job_id="909", role="pack", state="COMPLETED"))
-        _progress(progress, pack.id, "909", 10, "timeout", 0)
-        assert not settle_stopped(session, pack, progress)  # a pack's members are judged as before
+        member = create_job(session, CKPT_SPEC, "alice", "f.yaml")  # a pack's member is judged on its own run
+        member.slurm_jobs.append(SlurmJob(slurm_job_id="909", role="pack", state="COMPLETED"))
+        _progress(progress, member.id, "909", 10, "timeout", 0)
+        assert settle_stopped(session, member, progress)
+        assert member.state is JobState.FAILED and member.reason.startswith("stopped at its time limit at step 10")
+
+
+# --------------------------------------------------------------------------- a pack: one Slurm job, several jobs
+
+
+def _pack_member(session: object, progress: Path, reason: str, record: tuple[int, str, int | None, float] | None
+                 ) -> Job:
+    """A running member of pack 710, which ran an hour and ended FAILED (``reason``: sacct's word) with the
+    first failing member's status, 3; ``record``: its own launcher's last (steps, state, exit, seconds in)."""
+    job = create_job(session, CKPT_SPEC, "alice", "f.yaml")  # type: ignore[arg-type]
+    job.state = JobState.RUNNING
+    job.slurm_jobs.append(SlurmJob(slurm_job_id="710", role="pack", state="FAILED", reason=reason, exit_code="3:0",
+                                   gpu_type="t4", gpu_count=1, started_at=T0, ended_at=T0 + timedelta(hours=1)))
+    if record is not None:
+        steps, state, code, seconds = record
+        _progress(progress, job.id, "710", steps, state, code, at=(T0 + timedelta(seconds=seconds)).timestamp())
+    return job
+
+
+def test_each_member_of_a_failed_pack_is_judged_on_its_own_run(tmp_path: Path) -> None:
+    """run-pack waits for every member and exits with the first failing one's status, so Slurm's FAILED, exit
+    and hour-long run are the pack's: a member that finished is COMPLETED, one that crashed 12 s in is a
+    start-up crash with its own exit, one that checkpointed on a signal is re-planned, one that failed late
+    fails with its own exit. Before, every member took the pack's FAILED, finished work included."""
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    progress = tmp_path / "progress"
+    with db.transaction() as session:
+        done = _pack_member(session, progress, "FAILED", (60, "done", 0, 3000))
+        crashed = _pack_member(session, progress, "FAILED", (0, "failed", 3, 12))
+        stopped = _pack_member(session, progress, "FAILED", (25, "preempted", 0, 1800))
+        late = _pack_member(session, progress, "FAILED", (40, "failed", 1, 2400))
+        for job in (done, crashed, stopped, late):
+            assert settle_failure(session, job, progress)
+        assert done.state is JobState.COMPLETED and [p.role for p in done.slurm_jobs] == ["pack"]
+        assert crashed.state is JobState.PENDING
+        assert crashed.reason == "failed 12 s after it started (exit 3:0); retried once"
+        assert stopped.state is JobState.PENDING and stopped.reason.startswith("its run stopped at step 25 of 60 "
+                                                                              "(preempted)")
+        assert late.state is JobState.FAILED and late.reason == "failed (exit 1:0)"
+        (event,) = session.query(Event).filter(Event.job_id == late.id, Event.kind == "failed").all()
+        assert (event.data["exit_code"], event.data["ran_s"]) == ("1:0", 2400.0)
+
+
+def test_every_member_of_a_pack_that_lost_its_node_or_was_preempted_is_re_planned(tmp_path: Path) -> None:
+    """NODE_FAIL or PREEMPTED ends every member's run through no fault of its own, however long it ran; a
+    member with no record of this run (not started: the pack was signalled) too."""
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    progress = tmp_path / "progress"
+    with db.transaction() as session:
+        for reason in ("NODE_FAIL", "PREEMPTED"):
+            for record in ((30, "running", None, 3500), None):
+                job = _pack_member(session, progress, reason, record)
+                assert settle_failure(session, job, progress)
+                assert job.state is JobState.PENDING and "resumes from its checkpoint" in job.reason, (reason, record)
+                assert [p.role for p in job.slurm_jobs] == ["retried"]
