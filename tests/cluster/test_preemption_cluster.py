@@ -5,12 +5,14 @@ its checkpoint and completes: one Slurm job, two runs, no step trained twice, th
 
 In a PreemptMode=CANCEL partition with no grace (a scavenger queue) Slurm ends a preempted job for good unless it
 requeues itself: the job does so while it completes; where it may not (Requeue=0), Slurm says PREEMPTED and
-slurmhet re-plans it, under a new Slurm id, from its checkpoint. Either way it runs once and loses nothing."""
+slurmhet re-plans it, under a new Slurm id, from its checkpoint. Either way it runs once and loses nothing. A pack
+(two co-located jobs in one Slurm job) does the same, each member from its own checkpoint."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -192,3 +194,72 @@ def test_a_job_a_cancel_mode_preemption_ends_for_good_is_re_planned_and_resumes(
     report = json.loads(cli("report", "--json", state=state_dir).stdout)
     (entry,) = [j for j in report["jobs"] if j["id"] == job_id]
     assert (entry["state"], entry["restarts"]) == ("COMPLETED", 1), entry
+
+
+@pytest.mark.parametrize("no_requeue", [False, True], ids=["requeues-itself", "ends-for-good"])
+def test_a_pack_a_cancel_mode_preemption_ends_resumes_each_member_from_its_own_checkpoint(
+        tmp_path: Path, state_dir: Path, leftovers: list[str], scavenger: str, no_requeue: bool) -> None:
+    """Two co-locatable jobs packed onto nodec's one free k80 (another user's job that cannot be preempted holds
+    the other) are preempted by an urgent job. The pack requeues itself once, whichever member asks first (the
+    other sees Slurm's Restarts and does not ask again); where it may not (Requeue=0) it ends PREEMPTED and each
+    member is re-planned on its own. Either way each resumes from its own checkpoint and completes, run once."""
+    hold = sbatch_foreign("-p", "urgent", "--gres=gpu:k80:1", "-w", "nodec", "-t", "5", "--wrap", "sleep 600")
+    leftovers.append(hold)
+    wait_slurm(hold, ("RUNNING",), timeout=90)
+    specs = [train_spec(tmp_path / f"{name}.yaml", name, STEPS, 64, "{min: 1, max: 1, types: [k80]}",
+                        tmp_path / f"ckpt-{name}", "--dataset-size", "256",
+                        extra=f"partition: {scavenger}\ncolocate: true\ngpu_memory_gb: 2\n") for name in ("pa", "pb")]
+    env = {**ENV, "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    out = json.loads(cli("submit", "--json", *map(str, specs), state=state_dir, env=env).stdout)["jobs"]
+    ids = [j["job_id"] for j in out]
+    (pack,) = {s for j in out for s in j["slurm_job_ids"]}  # one Slurm job for both: a pack
+    leftovers.append(pack)
+    assert [p["role"] for i in ids for p in status(state_dir)[i]["slurm"]] == ["pack", "pack"]
+    if no_requeue:
+        _scontrol("update", f"JobId={pack}", "Requeue=0")
+    deadline = time.monotonic() + 90
+    while min(_steps(state_dir, i) for i in ids) < 6:
+        assert time.monotonic() < deadline, status(state_dir)
+        time.sleep(0.5)
+    urgent = sbatch_foreign("-p", "urgent", "--gres=gpu:k80:1", "-w", "nodec", "-t", "2", "--wrap", "sleep 15")
+    leftovers.append(urgent)
+    wait_slurm(urgent, ("RUNNING",), timeout=90)
+    scancel([hold])  # room for the members again once the urgent job ends
+
+    actions: list[str] = []
+    deadline = time.monotonic() + 240
+    while (rows := status(state_dir)) and any(rows[i]["state"] not in ("COMPLETED", "FAILED", "CANCELLED")
+                                              for i in ids):
+        assert time.monotonic() < deadline, (rows, actions, _history(pack))
+        actions += json.loads(cli("replan", "--once", "--json", state=state_dir, env=env).stdout)["actions"]
+        leftovers.extend(p["id"] for i in ids for p in rows[i]["slurm"])
+        time.sleep(2)
+    history = _history(pack)
+    errors = cli("logs", "--stderr", str(ids[0]), state=state_dir).stdout  # the pack's one stderr: both members
+    stops = [line for line in errors.splitlines() if "stopping after step" in line]
+    for job_id, name in zip(ids, ("pa", "pb")):
+        row = rows[job_id]
+        assert (row["state"], row["restarts"]) == ("COMPLETED", 1), (row, actions, history)
+        log = cli("logs", str(job_id), state=state_dir).stdout
+        # Its own checkpoint, at the step its own first run reached: nothing lost, nothing trained twice.
+        (at,) = re.findall(rf"resuming from {re.escape(str(tmp_path / f'ckpt-{name}' / 'checkpoint.pt'))} at step "
+                           r"(\d+)", log + errors)
+        assert 6 <= int(at) < STEPS, at
+        parts = row["slurm"]
+        if no_requeue:
+            (first,) = [r for r in read_progress(state_dir / "progress") if r.job_id == str(job_id)
+                        and r.slurm_job_id == pack]
+            assert (first.state, first.steps_done) == ("preempted", int(at)), first
+            assert [p["role"] for p in parts][0] == "retried" and parts[0]["id"] == pack and len(parts) == 2, parts
+            assert _history(parts[1]["id"]) == ["COMPLETED"], parts  # the re-planned run, once
+            detail = json.loads(cli("status", str(job_id), "--json", state=state_dir).stdout)
+            retried = [e["message"] for e in detail["events"] if e["kind"] == "retried"]
+            assert len(retried) == 1 and "re-planned, resumes from its checkpoint" in retried[0], detail["events"]
+        else:
+            assert [p["id"] for p in parts] == [pack], parts  # requeued under its own id: never resubmitted
+    if no_requeue:
+        assert history == ["PREEMPTED"], history  # Slurm ran the pack once and never again
+        assert len(stops) == 2 and all("requeue failed" in s for s in stops), stops
+    else:
+        assert history[0] in ("PREEMPTED", "REQUEUED") and history[1:] == ["COMPLETED"], history
+        assert len(stops) == 2 and sum(s.rstrip().endswith("; requeued") for s in stops) == 1, stops
