@@ -1,6 +1,7 @@
 """Runs that fail, on the dev cluster: a start-up crash is retried once and then left FAILED with its stderr;
 a run out of GPU memory is re-planned on a type with more memory and completes there; a run out of timeout
-requeues is FAILED at the step it reached (Slurm says COMPLETED), and submitting it again resumes it."""
+requeues is FAILED at the step it reached (Slurm says COMPLETED), and submitting it again resumes it; in a pack,
+a member that crashes fails alone while its partner completes."""
 
 from __future__ import annotations
 
@@ -63,6 +64,48 @@ def test_a_start_up_crash_is_retried_once_then_failed_with_its_stderr(tmp_path: 
     report = json.loads(cli("report", "--json", state=state_dir).stdout)
     (line,) = [j for j in report["jobs"] if j["id"] == job_id]
     assert (line["state"], line["restarts"]) == ("FAILED", 1)
+
+
+def test_a_pack_member_that_crashes_fails_alone_and_its_partner_completes(tmp_path: Path, state_dir: Path,
+                                                                        leftovers: list[str]) -> None:
+    """Two co-locatable jobs packed onto nodec's one free k80 (another user's job holds the other): one crashes
+    at start-up, the other trains a minute. The pack ends FAILED with the crash's exit, yet the member that
+    finished is COMPLETED, and the crash is judged on its own run (seconds, not the pack's minute): retried once,
+    then FAILED."""
+    hold = sbatch_foreign("-p", "urgent", "--gres=gpu:k80:1", "-w", "nodec", "-t", "5", "--wrap", "sleep 600")
+    leftovers.append(hold)
+    wait_slurm(hold, ("RUNNING",), timeout=90)
+    extra = "colocate: true\ngpu_memory_gb: 2\n"
+    gpus = "{min: 1, max: 1, types: [k80]}"
+    specs = [train_spec(tmp_path / "good.yaml", "good", 60, 64, gpus, tmp_path / "ckpt-good", "--dataset-size", "256",
+                        extra=extra),
+             train_spec(tmp_path / "bad.yaml", "bad", 60, 64, gpus, tmp_path / "ckpt-bad", "--no-such-flag", extra=extra)]
+    env = {"SLURMHET_EMULATE_THROUGHPUT": "1", "SLURMHET_EMULATED_SAMPLES_PER_S": "64",
+           "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    out = json.loads(cli("submit", "--json", *map(str, specs), state=state_dir, env=env).stdout)["jobs"]
+    good, bad = (j["job_id"] for j in out)
+    (pack,) = {s for j in out for s in j["slurm_job_ids"]}
+    leftovers.append(pack)
+    deadline = time.monotonic() + 240
+    while (rows := status(state_dir)) and any(rows[i]["state"] not in ("COMPLETED", "FAILED") for i in (good, bad)):
+        assert time.monotonic() < deadline, rows
+        cli("replan", "--once", state=state_dir, env=env)
+        leftovers.extend(p["id"] for i in (good, bad) for p in rows[i]["slurm"])
+        time.sleep(2)
+    assert [p["role"] for p in rows[good]["slurm"]] == ["pack"], rows[good]
+    assert (rows[good]["state"], rows[good]["restarts"]) == ("COMPLETED", 0), rows[good]
+    out_sacct = subprocess.run(["sacct", "-X", "-n", "-P", "-j", pack, "-o", "State,ExitCode"], capture_output=True,
+                               text=True, timeout=30, check=True).stdout.split()
+    assert out_sacct == ["FAILED|2:0"], out_sacct  # what Slurm says of the pack: the crash's status
+    assert rows[bad]["state"] == "FAILED" and rows[bad]["reason"].startswith("failed 2 times within 5 min of starting "
+                                                                             "(exit 2:0)"), rows[bad]
+    assert [p["role"] for p in rows[bad]["slurm"]][0] == "retried" and len(rows[bad]["slurm"]) == 2, rows[bad]
+    detail = json.loads(cli("status", str(bad), "--json", state=state_dir).stdout)
+    (retried,) = [e["message"] for e in detail["events"] if e["kind"] == "retried"]
+    seconds = re.fullmatch(r"failed (\d+) s after it started \(exit 2:0\); retried once", retried)
+    assert seconds and int(seconds[1]) < 30, retried  # its own seconds, not the pack's minute
+    scancel([hold])
+    wait_slurm(hold, ("",), timeout=60)  # gone before the next test takes nodec
 
 
 def test_a_run_out_of_gpu_memory_is_replanned_on_a_type_with_more_memory(tmp_path: Path, state_dir: Path,
