@@ -16,8 +16,8 @@ checkpoints atomically and then asks Slurm what it is doing to the job
 
 - Slurm already requeued the job (its Restarts passed the run's
   SLURM_RESTART_COUNT: ``scontrol requeue``, a PreemptMode=REQUEUE preemption
-  past its grace or with none): the job leaves it at that, run once more by
-  Slurm alone.
+  past its grace or with none, a pack's other member): the job leaves it at
+  that, run once more by Slurm alone, and stops as ``preempted``.
 - A preemption (PreemptTime set): ``preempted``. Within GraceTime the job is
   still RUNNING and requeues itself, since 22.05 ends a preempted job that
   exits within its grace without requeueing it. Under PreemptMode=CANCEL past
@@ -377,10 +377,12 @@ def handle_stop(stop: StopRequest, *, rank: int, save: Callable[[], object], env
             view: StoppingJob | None = slurm(env)
     except SystemFailure as exc:
         view, unknown = None, f" (Slurm's view unknown: {exc}; the signal decided)"
-    reason = stop_reason(stop.signum, env, at, view)
     if view is not None and view.requeued_since(run_restarts(env)):
-        return StopOutcome(reason, False, f"Slurm requeued this run itself (Restarts={view.restarts}): "
-                                          "not requeued by the job")
+        # The run comes back (a PreemptMode=REQUEUE preemption, a pack's other member, an admin's requeue): it was
+        # asked to vacate, not cancelled, though Slurm shows COMPLETING with no PreemptTime.
+        return StopOutcome("preempted", False, f"Slurm requeued this run itself (Restarts={view.restarts}): "
+                                               "not requeued by the job")
+    reason = stop_reason(stop.signum, env, at, view)
     if not should_requeue(reason, env):
         why = f"Slurm is ending this run ({'+'.join(sorted(set(view.states)))}): not requeued by the job" \
             if view is not None and reason == "cancelled" else "timeout requeue limit reached; ending cleanly" + unknown

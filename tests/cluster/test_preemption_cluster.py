@@ -263,3 +263,5 @@ def test_a_pack_a_cancel_mode_preemption_ends_resumes_each_member_from_its_own_c
     else:
         assert history[0] in ("PREEMPTED", "REQUEUED") and history[1:] == ["COMPLETED"], history
         assert len(stops) == 2 and sum(s.rstrip().endswith("; requeued") for s in stops) == 1, stops
+        # The other member finds the pack requeued: it too stops as preempted (it comes back), not cancelled.
+        assert all(": preempted; " in s for s in stops), stops

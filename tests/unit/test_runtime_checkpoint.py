@@ -164,7 +164,7 @@ def test_a_preemption_that_ends_the_run_requeues_it_unless_slurm_already_did() -
     calls.clear()
     requeue_mode = handle_stop(StopRequest(signal.SIGTERM, NOW), rank=0, save=lambda: calls.append("save"), env=env,
                                requeue=lambda e: calls.append("requeue"), slurm=_asked(REQUEUED, calls))
-    assert (requeue_mode.reason, requeue_mode.requeued, calls) == ("cancelled", False, ["save", "ask"])
+    assert (requeue_mode.reason, requeue_mode.requeued, calls) == ("preempted", False, ["save", "ask"])
     assert requeue_mode.detail == "Slurm requeued this run itself (Restarts=1): not requeued by the job"
     calls.clear()
     # A CANCEL-mode preemption of a run that is itself a requeue: Restarts=1 is that run's own count.
