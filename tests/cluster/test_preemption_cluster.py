@@ -209,7 +209,8 @@ def test_a_pack_a_cancel_mode_preemption_ends_resumes_each_member_from_its_own_c
     specs = [train_spec(tmp_path / f"{name}.yaml", name, STEPS, 64, "{min: 1, max: 1, types: [k80]}",
                         tmp_path / f"ckpt-{name}", "--dataset-size", "256",
                         extra=f"partition: {scavenger}\ncolocate: true\ngpu_memory_gb: 2\n") for name in ("pa", "pb")]
-    env = {**ENV, "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    # 128 samples/s at a batch of 64: 2 steps a second, the pace of the tests above.
+    env = {**ENV, "SLURMHET_EMULATED_SAMPLES_PER_S": "128", "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
     out = json.loads(cli("submit", "--json", *map(str, specs), state=state_dir, env=env).stdout)["jobs"]
     ids = [j["job_id"] for j in out]
     (pack,) = {s for j in out for s in j["slurm_job_ids"]}  # one Slurm job for both: a pack
