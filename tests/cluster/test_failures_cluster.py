@@ -146,7 +146,7 @@ def test_a_run_out_of_timeout_requeues_fails_at_its_step_and_submitting_it_again
     spec = train_spec(tmp_path / "job.yaml", "short-limit", 60, 32, "{min: 1, max: 1, types: [k80]}", ckpt,
                       "--dataset-size", "256", time_limit=3)
     # 64 emulated samples/s at a global batch of 32: 2 steps a second. A 3-minute limit: the warning is a timeout.
-    env = {"SLURMHET_EMULATE_THROUGHPUT": "1", "SLURMHET_EMULATED_SAMPLES_PER_S": "128",  # 2 steps/s: 30 s of work
+    env = {"SLURMHET_EMULATE_THROUGHPUT": "1", "SLURMHET_EMULATED_SAMPLES_PER_S": "64",
            "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
     [out] = json.loads(cli("submit", "--json", str(spec), state=state_dir,
                            env={**env, "SLURMHET_MAX_TIMEOUT_REQUEUES": "0"}).stdout)["jobs"]
