@@ -22,7 +22,7 @@ from typing import Any, Iterable
 
 from slurmhet.slurm.client import SlurmCli
 from slurmhet.slurm.runner import SubprocessRunner
-from tests.cluster.helpers import SLURMHET, cli, job, write
+from tests.cluster.helpers import SLURMHET, cli, job, status, write
 
 REPO = Path(__file__).resolve().parents[2]
 SLURM = SlurmCli(SubprocessRunner())
@@ -277,3 +277,35 @@ def store_waiting_jobs(state: Path, tmp: Path, n: int, command: list[str], prefi
     assert [w["state"] for w in waiting] == ["PENDING"] * n, waiting
     cli("cancel", *[str(b["job_id"]) for b in blockers], state=state)
     return [w["job_id"] for w in waiting]
+
+
+def hold_one_k80(leftovers: list[str]) -> str:
+    """Another user's job on one of nodec's two k80s, in `urgent`, which nothing preempts: the planner then has
+    one k80 left and packs co-locatable jobs onto it. Returns the holder's Slurm id (in ``leftovers`` too)."""
+    hold = sbatch_foreign("-p", "urgent", "--gres=gpu:k80:1", "-w", "nodec", "-t", "5", "--wrap", "sleep 600")
+    leftovers.append(hold)
+    wait_slurm(hold, ("RUNNING",), timeout=90)
+    return hold
+
+
+def submit_pack(state: Path, specs: list[Path], env: dict[str, str], leftovers: list[str]) -> tuple[list[int], str]:
+    """``slurmhet submit`` of co-locatable specs that must become one pack: their job ids and its one Slurm id."""
+    out = json.loads(cli("submit", "--json", *map(str, specs), state=state, env=env).stdout)["jobs"]
+    (pack,) = {s for j in out for s in j["slurm_job_ids"]}  # one Slurm job for all of them: a pack
+    leftovers.append(pack)
+    return [j["job_id"] for j in out], pack
+
+
+def replan_until_final(state: Path, job_ids: list[int], env: dict[str, str], leftovers: list[str],
+                       timeout: float = 240) -> tuple[dict[int, dict[str, Any]], list[str]]:
+    """``replan --once`` every 2 s, as cron would, until every job is final: the last status rows and the actions
+    replan took. Every Slurm job the jobs had on the way goes into ``leftovers``."""
+    actions: list[str] = []
+    deadline = time.monotonic() + timeout
+    while (rows := status(state)) and any(rows[i]["state"] not in ("COMPLETED", "FAILED", "CANCELLED")
+                                          for i in job_ids):
+        assert time.monotonic() < deadline, (rows, actions)
+        actions += json.loads(cli("replan", "--once", "--json", state=state, env=env).stdout)["actions"]
+        leftovers.extend(p["id"] for i in job_ids for p in rows[i]["slurm"])
+        time.sleep(2)
+    return rows, actions

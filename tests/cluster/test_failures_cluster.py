@@ -16,7 +16,8 @@ import pytest
 
 from slurmhet.runtime.progress import read_progress
 from tests.cluster.helpers import cli, job, status, train_spec, write
-from tests.cluster.replan_helpers import sbatch_foreign, scancel, wait_slurm
+from tests.cluster.replan_helpers import (hold_one_k80, replan_until_final, sbatch_foreign, scancel, submit_pack,
+                                          wait_slurm)
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster")
 
@@ -72,9 +73,7 @@ def test_a_pack_member_that_crashes_fails_alone_and_its_partner_completes(tmp_pa
     at start-up, the other trains 30 s. The pack ends FAILED with the crash's exit, yet the member that finished
     is COMPLETED, and the crash is judged on its own run (a second or two, not the pack's 30 s): retried once,
     then FAILED."""
-    hold = sbatch_foreign("-p", "urgent", "--gres=gpu:k80:1", "-w", "nodec", "-t", "5", "--wrap", "sleep 600")
-    leftovers.append(hold)
-    wait_slurm(hold, ("RUNNING",), timeout=90)
+    hold = hold_one_k80(leftovers)
     extra = "colocate: true\ngpu_memory_gb: 2\n"
     gpus = "{min: 1, max: 1, types: [k80]}"
     specs = [train_spec(tmp_path / "good.yaml", "good", 60, 64, gpus, tmp_path / "ckpt-good", "--dataset-size", "256",
@@ -82,16 +81,8 @@ def test_a_pack_member_that_crashes_fails_alone_and_its_partner_completes(tmp_pa
              train_spec(tmp_path / "bad.yaml", "bad", 60, 64, gpus, tmp_path / "ckpt-bad", "--no-such-flag", extra=extra)]
     env = {"SLURMHET_EMULATE_THROUGHPUT": "1", "SLURMHET_EMULATED_SAMPLES_PER_S": "128",  # 2 steps/s: 30 s of work
            "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
-    out = json.loads(cli("submit", "--json", *map(str, specs), state=state_dir, env=env).stdout)["jobs"]
-    good, bad = (j["job_id"] for j in out)
-    (pack,) = {s for j in out for s in j["slurm_job_ids"]}
-    leftovers.append(pack)
-    deadline = time.monotonic() + 240
-    while (rows := status(state_dir)) and any(rows[i]["state"] not in ("COMPLETED", "FAILED") for i in (good, bad)):
-        assert time.monotonic() < deadline, rows
-        cli("replan", "--once", state=state_dir, env=env)
-        leftovers.extend(p["id"] for i in (good, bad) for p in rows[i]["slurm"])
-        time.sleep(2)
+    (good, bad), pack = submit_pack(state_dir, specs, env, leftovers)
+    rows, _ = replan_until_final(state_dir, [good, bad], env, leftovers)
     assert [p["role"] for p in rows[good]["slurm"]] == ["pack"], rows[good]
     assert (rows[good]["state"], rows[good]["restarts"]) == ("COMPLETED", 0), rows[good]
     out_sacct = subprocess.run(["sacct", "-X", "-n", "-P", "-j", pack, "-o", "State,ExitCode"], capture_output=True,

@@ -22,7 +22,8 @@ import pytest
 
 from slurmhet.runtime.progress import read_progress
 from tests.cluster.helpers import cli, status, train_spec
-from tests.cluster.replan_helpers import sbatch_foreign, scancel, wait_slurm
+from tests.cluster.replan_helpers import (hold_one_k80, replan_until_final, sbatch_foreign, scancel,
+                                          submit_pack, wait_slurm)
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster")
 
@@ -203,18 +204,13 @@ def test_a_pack_a_cancel_mode_preemption_ends_resumes_each_member_from_its_own_c
     the other) are preempted by an urgent job. The pack requeues itself once, whichever member asks first (the
     other sees Slurm's Restarts and does not ask again); where it may not (Requeue=0) it ends PREEMPTED and each
     member is re-planned on its own. Either way each resumes from its own checkpoint and completes, run once."""
-    hold = sbatch_foreign("-p", "urgent", "--gres=gpu:k80:1", "-w", "nodec", "-t", "5", "--wrap", "sleep 600")
-    leftovers.append(hold)
-    wait_slurm(hold, ("RUNNING",), timeout=90)
+    hold = hold_one_k80(leftovers)
     specs = [train_spec(tmp_path / f"{name}.yaml", name, STEPS, 64, "{min: 1, max: 1, types: [k80]}",
                         tmp_path / f"ckpt-{name}", "--dataset-size", "256",
                         extra=f"partition: {scavenger}\ncolocate: true\ngpu_memory_gb: 2\n") for name in ("pa", "pb")]
     # 128 samples/s at a batch of 64: 2 steps a second, the pace of the tests above.
     env = {**ENV, "SLURMHET_EMULATED_SAMPLES_PER_S": "128", "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
-    out = json.loads(cli("submit", "--json", *map(str, specs), state=state_dir, env=env).stdout)["jobs"]
-    ids = [j["job_id"] for j in out]
-    (pack,) = {s for j in out for s in j["slurm_job_ids"]}  # one Slurm job for both: a pack
-    leftovers.append(pack)
+    ids, pack = submit_pack(state_dir, specs, env, leftovers)
     assert [p["role"] for i in ids for p in status(state_dir)[i]["slurm"]] == ["pack", "pack"]
     if no_requeue:
         _scontrol("update", f"JobId={pack}", "Requeue=0")
@@ -227,14 +223,7 @@ def test_a_pack_a_cancel_mode_preemption_ends_resumes_each_member_from_its_own_c
     wait_slurm(urgent, ("RUNNING",), timeout=90)
     scancel([hold])  # room for the members again once the urgent job ends
 
-    actions: list[str] = []
-    deadline = time.monotonic() + 240
-    while (rows := status(state_dir)) and any(rows[i]["state"] not in ("COMPLETED", "FAILED", "CANCELLED")
-                                              for i in ids):
-        assert time.monotonic() < deadline, (rows, actions, _history(pack))
-        actions += json.loads(cli("replan", "--once", "--json", state=state_dir, env=env).stdout)["actions"]
-        leftovers.extend(p["id"] for i in ids for p in rows[i]["slurm"])
-        time.sleep(2)
+    rows, actions = replan_until_final(state_dir, ids, env, leftovers)
     history = _history(pack)
     errors = cli("logs", "--stderr", str(ids[0]), state=state_dir).stdout  # the pack's one stderr: both members
     stops = [line for line in errors.splitlines() if "stopping after step" in line]
