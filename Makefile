@@ -8,8 +8,8 @@ DEVCLUSTER := etc/devcluster/devcluster
 PGCLUSTER  := etc/devcluster/pgcluster
 # The Slurm that `make demo` runs on: 22.05 on the host, or 24.11 / 26.05 in their chroots.
 SLURM     ?= 22.05
-# The newer Slurm series whose real clusters `make test` runs the cluster tests on as well, side by side.
-TEST_SLURM_SERIES ?= 24.11 26.05
+# The Slurm series whose real clusters `make test` runs the cluster tests on, side by side: the host's and the newer.
+TEST_SLURM_SERIES ?= 22.05 24.11 26.05
 export SLURMHET_STATE_DIR ?= $(CURDIR)/$(if $(filter 22.05,$(SLURM)),.state,.state-$(SLURM))
 # The dev cluster's GPU types (v100, t4, k80): Gavel's table plus flagged t4 priors.
 export SLURMHET_THROUGHPUT_TABLE ?= $(CURDIR)/etc/throughput/devcluster.yaml
@@ -46,8 +46,12 @@ demo: setup
 	$(DEVCLUSTER) exec --slurm $(SLURM) -- etc/demo
 
 ## test: the whole suite, with the real Slurm cluster and PostgreSQL (cluster tests must not skip).
+# First everything but tests/cluster: the unit tests, and the chaos run on the host's cluster, alone (it restarts
+# PostgreSQL, which every series' tests share). Then each series' cluster tests, all side by side: they mostly wait
+# on Slurm, so three at once take about as long as one (CI's 90 minutes).
 test: setup cluster-up pg-up
-	SLURMHET_REQUIRE_CLUSTER=1 SLURMHET_EXPECT_SLURM=22.05 SLURMHET_TEST_PG_URL="$$($(PGCLUSTER) url)" $(VENV)/bin/pytest -q
+	SLURMHET_REQUIRE_CLUSTER=1 SLURMHET_EXPECT_SLURM=22.05 SLURMHET_TEST_PG_URL="$$($(PGCLUSTER) url)" \
+	    $(VENV)/bin/pytest -q --ignore=tests/cluster
 	$(MAKE) --no-print-directory -j --output-sync=recurse $(TEST_SLURM_SERIES:%=cluster-tests-%)
 
 ## test-slurm: the real-cluster tests on Slurm $(SLURM), its cluster started in its chroot (built once, cached) and stopped after.
@@ -55,13 +59,14 @@ test-slurm: setup pg-up
 	$(MAKE) --no-print-directory cluster-tests-$(SLURM)
 
 # One series' real-cluster tests, PostgreSQL already up (`pgcluster up` starts it afresh: never while
-# another series' tests use it). `make test` runs the newer series side by side: each has its own chroot,
-# ports, job ids and store, and --output-sync prints each series' output whole, when it ends.
+# another series' tests use it). `make test` runs the series side by side: each has its own cluster (the host's,
+# or a chroot's), ports, job ids and store, and --output-sync prints each series' output whole, when it ends,
+# with its ten slowest tests.
 cluster-tests-%:
 	$(DEVCLUSTER) up --slurm $*
 	rc=0; $(DEVCLUSTER) exec --slurm $* -- env SLURMHET_REQUIRE_CLUSTER=1 SLURMHET_EXPECT_SLURM=$* \
-	    SLURMHET_STATE_DIR=$(CURDIR)/.state-$* SLURMHET_TEST_PG_URL="$$($(PGCLUSTER) url)" \
-	    $(VENV)/bin/pytest -q tests/cluster || rc=$$?; \
+	    SLURMHET_STATE_DIR=$(CURDIR)/$(if $(filter 22.05,$*),.state,.state-$*) \
+	    SLURMHET_TEST_PG_URL="$$($(PGCLUSTER) url)" $(VENV)/bin/pytest -q --durations=10 tests/cluster || rc=$$?; \
 	$(DEVCLUSTER) down --slurm $*; exit $$rc
 
 ## goldens: regenerate the golden sbatch scripts after an intended template change.
