@@ -2,7 +2,7 @@
 
 Every emitted script writes its stdout to ``<log_dir>/slurmhet-<id>-<slurm id>.out`` and its
 stderr beside it in ``.err`` (arrays: ``<array id>_<task>``; a co-location pack's files carry its
-first member's id; submitit's entrypoint jobs write ``<slurm id>_<task>_log.out``/``.err`` under
+first member's id, and each member's own copies of its output add ``.member-<job id>``; submitit's entrypoint jobs write ``<slurm id>_<task>_log.out``/``.err`` under
 the log dir; parts submitted before slurmhet split the streams have one merged ``.out``).
 A requeued run appends to its Slurm job's file; a job moved or resubmitted by
 ``replan``, a consolidation, a next forked round are new Slurm jobs, so new
@@ -17,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from slurmhet.emit.requests import option_value
+from slurmhet.emit.requests import member_log, option_value
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,7 @@ class LogPart:
 
 
 _SCRIPT = re.compile(r"^slurmhet-\d+-(?P<sid>\d+)(?:_(?P<task>\d+))?\.(?P<ext>out|err)$")
+_MEMBER = re.compile(r"^slurmhet-\d+-(?P<sid>\d+)\.member-(?P<job>\d+)\.(?P<ext>out|err)$")
 _SUBMITIT = re.compile(r"^(?P<sid>\d+)_(?P<task>\d+)_log\.(?P<ext>out|err)$")
 
 
@@ -60,14 +61,21 @@ def _describe(rows: Sequence[PartInfo]) -> str:
     return f"{role}" + (f"; {shapes}" if shapes else "") + (f"; {state}" if state else "")
 
 
-def log_parts(parts: Sequence[PartInfo], files: Iterable[Path]) -> list[LogPart]:
+def log_parts(parts: Sequence[PartInfo], files: Iterable[Path], job_id: int | None = None) -> list[LogPart]:
     """The job's output files in submission order, each with a header naming its Slurm part.
 
     ``files`` is what the log directory holds (any names; others' files are ignored). A part that has
-    written nothing yet has no file and is not listed.
+    written nothing yet has no file and is not listed. A pack's part, for job ``job_id``, is that member's
+    own files where run-pack wrote them (packs from before it did have only the pack's, shared).
     """
     found: dict[tuple[str, int | None], dict[str, Path]] = {}
+    own: dict[str, dict[str, Path]] = {}
     for path in files:
+        member = _MEMBER.match(path.name)
+        if member is not None:
+            if job_id is not None and int(member.group("job")) == job_id:
+                own.setdefault(member.group("sid"), {}).setdefault(member.group("ext"), path)
+            continue
         script = _SCRIPT.match(path.name)
         match = script or _SUBMITIT.match(path.name)
         if match is None:
@@ -88,8 +96,9 @@ def log_parts(parts: Sequence[PartInfo], files: Iterable[Path]) -> list[LogPart]
                 if (sid, task) in found:
                     mine = [r for r in rows if r.array_task == task]
                     out.append(_part(f"{sid}_{task}", found[(sid, task)], f"Slurm job {sid}_{task} ({_describe(mine)})"))
-        elif (sid, None) in found:
-            out.append(_part(sid, found[(sid, None)], f"Slurm job {sid} ({_describe(rows)})"))
+        elif sid in own or (sid, None) in found:
+            streams = {**found.get((sid, None), {}), **own.get(sid, {})}  # its own stream where it has one
+            out.append(_part(sid, streams, f"Slurm job {sid} ({_describe(rows)})"))
     return out
 
 
@@ -106,6 +115,12 @@ def stderr_file(argv: Sequence[str], slurm_job_id: str, array_task: int | None =
         return None
     task = "" if array_task is None else str(array_task)
     return Path(pattern.replace("%A", slurm_job_id).replace("%a", task).replace("%j", slurm_job_id))
+
+
+def own_stderr(path: Path, job_id: int) -> Path:
+    """A pack member's own stderr where run-pack wrote one, else ``path`` (the part's, shared by a pack)."""
+    mine = Path(member_log(str(path), job_id))
+    return mine if mine.exists() else path
 
 
 def _numeric(slurm_id: str) -> int:

@@ -20,7 +20,7 @@ from slurmhet.slurm.world import is_ours, tagged_ids
 from slurmhet.store.db import Database
 from slurmhet.failures import FailedRun, judge, tail
 from slurmhet.gpu_catalog import builtin
-from slurmhet.joblogs import stderr_file
+from slurmhet.joblogs import own_stderr, stderr_file
 from slurmhet.runtime.progress import STOPPED_STATES, ProgressRecord, finished_steps, read_progress, stopped_short
 from slurmhet.spec import parse_job
 from slurmhet.store.models import ClusterSnapshot, Event, Job, JobState, SlurmJob
@@ -375,6 +375,7 @@ def settle_failure(session: Session, job: Job, progress_dir: Path) -> bool:
         job.ended_at = max(ends) if ends else job.ended_at
         return True
     err = next((stderr_file(p.argv, p.slurm_job_id, p.array_task) for p in failed if p.argv), None)
+    err = own_stderr(err, job.id) if err is not None else None  # a pack member's own: not its partners' lines
     try:
         text = err.read_text(errors="replace") if err is not None else ""
     except OSError:

@@ -253,7 +253,7 @@ def _log_parts(obj: Context, job: Any, files: list[Path] | None = None) -> list[
 
     infos = [PartInfo(p.slurm_job_id, p.role, p.submitted_at, p.state, p.gpu_type, p.gpu_count, p.nodes,
                       p.array_task, p.het_offset, p.round) for p in job.slurm_jobs]
-    return log_parts(infos, _log_files(obj) if files is None else files)
+    return log_parts(infos, _log_files(obj) if files is None else files, job.id)
 
 
 def _refresh(obj: Context, job_id: int) -> Any:

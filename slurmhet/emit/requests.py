@@ -84,14 +84,18 @@ class Common:
         kills the task). Such a job gets SIGTERM at its limit, which the runtime also takes for the timeout."""
         return self.time_limit_min is None or self.time_limit_min * 60 > self.signal_s + SIGNAL_RESOLUTION_S
 
+    def log_path(self, ext: str, log_pattern: str = "%j") -> str:
+        """Its ``--output`` (``out``) or ``--error`` (``err``) file, Slurm's ``%`` patterns unfilled."""
+        return f"{self.log_dir}/slurmhet-{self.job_id}-{log_pattern}.{ext}"
+
     def options(self, log_pattern: str = "%j") -> list[str]:
         """Shared options; arrays pass ``%A_%a`` so a task's log names its array and index."""
         ids = ",".join(str(i) for i in (self.job_id, *self.also))
         opts = [
             f"--job-name={slurm_job_name(self.name)}",
             f"--comment=slurmhet:{ids}" + (f"@{self.store_tag}" if self.store_tag else ""),
-            f"--output={self.log_dir}/slurmhet-{self.job_id}-{log_pattern}.out",
-            f"--error={self.log_dir}/slurmhet-{self.job_id}-{log_pattern}.err",
+            f"--output={self.log_path('out', log_pattern)}",
+            f"--error={self.log_path('err', log_pattern)}",
             *([f"--signal=B:USR2@{self.signal_s}"] if self.warned else []),
             "--open-mode=append",  # a requeued run must not truncate the log of the run it continues
         ]
@@ -449,6 +453,13 @@ class ConsolidationRequest:
 
 
 PACK_SHARING = ("gpu", "mps", "shard")
+
+
+def member_log(path: str, job_id: int) -> str:
+    """A pack member's own log file beside the pack's ``path`` (``slurmhet-<pack>-<slurm id>.err`` ->
+    ``slurmhet-<pack>-<slurm id>.member-<job id>.err``): run-pack copies each member's output to both."""
+    stem, _, ext = path.rpartition(".")
+    return f"{stem}.member-{job_id}.{ext}"
 #: ``--slurmhet-mps`` for an MPS pack: the pack holds its whole share; members split it by thread_percentage.
 PACK_MPS_PERCENT = 100
 
@@ -471,7 +482,9 @@ class PackRequest:
     ``sharing`` says what is requested: a whole GPU (``gpu``), or ``share_count``
     units of ``gres/mps`` or ``gres/shard`` where the site has them and the
     profile says to use them. The script runs ``slurmhet run-pack`` with the
-    member list on stdin (``/dev/stdin``), so no pack file is left behind.
+    member list on stdin (``/dev/stdin``), so no pack file is left behind. Each
+    member's output goes to the pack's log files and to its own beside them
+    (:func:`member_log`), so its logs and the stderr it is judged on are its own.
     """
 
     common: Common
@@ -500,6 +513,8 @@ class PackRequest:
                 "name": f"{m.job_id}-{slurm_job_name(m.name)}",
                 "argv": [*self.launcher, *m.program],
                 "env": dict(plan_env(m.job_id, (1.0,), [self.gpu_type]) + m.env),
+                "stdout": member_log(self.common.log_path("out"), m.job_id),
+                "stderr": member_log(self.common.log_path("err"), m.job_id),
             }
             if m.thread_percentage is not None:
                 entry["thread_percentage"] = m.thread_percentage

@@ -12,7 +12,10 @@ packs on one node cannot see or stop each other's:
   member gets ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` from the plan;
 * ``quit`` is sent when the members are done, on an error, and after SIGTERM or
   SIGUSR2 (forwarded to the members first so they can checkpoint);
-* every member's exit status is collected and reported.
+* every member's exit status is collected and reported;
+* a member with its own log files (``stdout``/``stderr``, ``%j`` the Slurm job id) writes to a pipe that
+  run-pack copies to the pack's shared files and to its own, and run-pack's lines go to each own stderr
+  too: a member's logs, and the stderr its failure is judged on, are its own.
 
 Without ``nvidia-cuda-mps-control`` on PATH (the CPU dev cluster) the members
 still run concurrently, and the log says plainly that MPS is not active.
@@ -30,14 +33,16 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, BinaryIO, Callable, Mapping, Sequence
 
 from slurmhet.errors import InputError, SystemFailure
-from slurmhet.runtime.output import say
+from slurmhet.runtime.output import Copier, say
 
 CONTROL_PROGRAM = "nvidia-cuda-mps-control"
 TRAPPED_SIGNALS = (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT)
 CONTROL_TIMEOUT_S = 30.0
+#: What begins run-pack's own lines in the pack's stderr (and in each member's own).
+LOG_PREFIX = "slurmhet run-pack: "
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,9 @@ class PackMember:
     argv: tuple[str, ...]
     thread_percentage: int | None = None
     env: Mapping[str, str] = field(default_factory=dict)
+    #: Its own output files beside the pack's (``%j``: the Slurm job id); None: only the pack's.
+    stdout: str | None = None
+    stderr: str | None = None
 
 
 @dataclass(frozen=True)
@@ -80,15 +88,20 @@ def _member(entry: Any, place: str) -> PackMember:
     env = entry.get("env") or {}
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise InputError("'env' must map names to strings", place=f"{place}.env", hint='"env": {"SEED": "1"}')
-    unknown = set(entry) - {"name", "argv", "thread_percentage", "env"}
+    for stream in ("stdout", "stderr"):
+        value = entry.get(stream)
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise InputError(f"'{stream}' must be a file path", place=f"{place}.{stream}",
+                             hint=f'"{stream}": "logs/job-a-%j.{"out" if stream == "stdout" else "err"}"')
+    unknown = set(entry) - {"name", "argv", "thread_percentage", "env", "stdout", "stderr"}
     if unknown:
         raise InputError(f"unknown field {sorted(unknown)[0]!r}", place=place,
-                         hint="fields: name, argv, thread_percentage, env")
-    return PackMember(name.strip(), tuple(argv), pct, dict(env))
+                         hint="fields: name, argv, thread_percentage, env, stdout, stderr")
+    return PackMember(name.strip(), tuple(argv), pct, dict(env), entry.get("stdout"), entry.get("stderr"))
 
 
 def load_pack(path: str | Path) -> list[PackMember]:
-    """Read a pack file: ``{"members": [{"name", "argv", "thread_percentage", "env"}, ...]}``."""
+    """Read a pack file: ``{"members": [{"name", "argv", "thread_percentage", "env", "stdout", "stderr"}]}``."""
     path = Path(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -125,14 +138,76 @@ def _control(argv: list[str], env: Mapping[str, str], stdin_text: str | None = N
         raise SystemFailure(f"{' '.join(argv)} exited {done.returncode}")
 
 
+class _OwnLogs:
+    """The members' own log files, opened for appending (a requeued run goes on in them, as Slurm's
+    ``--open-mode=append`` does in the pack's), and the copies into them; a file that cannot be opened leaves
+    that stream in the pack's file alone, which the log says."""
+
+    def __init__(self, members: Sequence[PackMember], job_id: str, log: Callable[[str], None]) -> None:
+        self.files: dict[tuple[str, str], BinaryIO] = {}
+        self.copiers: list[Copier] = []
+        for m in members:
+            for stream, pattern in (("stdout", m.stdout), ("stderr", m.stderr)):
+                if pattern is None:
+                    continue
+                path = Path(pattern.replace("%j", job_id))
+                try:
+                    self.files[(m.name, stream)] = path.open("ab")
+                except OSError as exc:
+                    log(f"member {m.name}: cannot open its own {stream} file {path} ({exc.strerror or exc}); "
+                        "it goes to the pack's only")
+
+    def note(self, line: str) -> None:
+        """One of run-pack's own lines, in every member's own stderr as in the pack's."""
+        for (_, stream), handle in self.files.items():
+            if stream == "stderr":
+                try:
+                    handle.write((line + "\n").encode())
+                    handle.flush()
+                except OSError:
+                    pass
+
+    def pipes(self, name: str) -> dict[str, int | None]:
+        """Popen's stdout/stderr for a member: a pipe for each stream copied to its own file."""
+        return {s: subprocess.PIPE if (name, s) in self.files else None for s in ("stdout", "stderr")}
+
+    def start(self, name: str, proc: "subprocess.Popen[bytes]") -> None:
+        for stream, fd in (("stdout", 1), ("stderr", 2)):
+            own = self.files.get((name, stream))
+            pipe = getattr(proc, stream)
+            if own is not None and pipe is not None:
+                self.copiers.append(Copier(pipe, fd, own))
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        for copier in self.copiers:
+            copier.join(max(0.0, deadline - time.monotonic()))
+        for handle in self.files.values():
+            handle.close()
+
+
 def run_pack(members: Sequence[PackMember], *, env: Mapping[str, str] | None = None, tmp_root: Path | None = None,
              control_program: str = CONTROL_PROGRAM, grace_s: float = 60.0,
-             log: Callable[[str], None] = lambda line: say(f"slurmhet run-pack: {line}"),
+             log: Callable[[str], None] = lambda line: say(LOG_PREFIX + line),
              ) -> list[MemberResult]:
     """Run the members concurrently (under a private MPS daemon when one is available); return their results."""
     if not members:
         raise InputError("a pack needs at least one member", place="run-pack", hint="list the members")
     base_env = dict(os.environ if env is None else env)
+    own = _OwnLogs(members, base_env.get("SLURM_JOB_ID", "local"), log)
+
+    def log_both(line: str) -> None:
+        log(line)
+        own.note(LOG_PREFIX + line)
+
+    try:
+        return _run_pack(members, base_env, own, tmp_root, control_program, grace_s, log_both)
+    finally:
+        own.close()
+
+
+def _run_pack(members: Sequence[PackMember], base_env: dict[str, str], own: _OwnLogs, tmp_root: Path | None,
+              control_program: str, grace_s: float, log: Callable[[str], None]) -> list[MemberResult]:
     # With the SPANK plugin's --slurmhet-mps, the plugin already runs this job's daemon on this node; a second
     # one would fight it for the GPU, so the members join the plugin's daemon and its lifecycle stays the plugin's.
     plugin_daemon = base_env.get("SLURMHET_MPS_DAEMON") == "1" and bool(base_env.get("CUDA_MPS_PIPE_DIRECTORY"))
@@ -162,7 +237,7 @@ def run_pack(members: Sequence[PackMember], *, env: Mapping[str, str] | None = N
             log(f"MPS control daemon started (pipe {pipe}, log {logs})")
         try:
             return _run_members(members, member_env, plugin_daemon or control is not None, processes, signalled,
-                                grace_s, log)
+                                grace_s, log, own)
         finally:
             if control is not None:
                 why = f"after signal {signal.Signals(signalled[0]).name}" if signalled else "members finished"
@@ -177,7 +252,7 @@ def run_pack(members: Sequence[PackMember], *, env: Mapping[str, str] | None = N
 
 def _run_members(members: Sequence[PackMember], env: Mapping[str, str], mps_active: bool,
                  processes: dict[str, "subprocess.Popen[bytes]"], signalled: list[int], grace_s: float,
-                 log: Callable[[str], None]) -> list[MemberResult]:
+                 log: Callable[[str], None], own: _OwnLogs) -> list[MemberResult]:
     started: dict[str, float] = {}
     results: dict[str, MemberResult] = {}
     for m in members:
@@ -190,7 +265,8 @@ def _run_members(members: Sequence[PackMember], env: Mapping[str, str], mps_acti
             child_env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(m.thread_percentage)
         started[m.name] = time.time()
         try:
-            processes[m.name] = subprocess.Popen(list(m.argv), env=child_env)
+            processes[m.name] = subprocess.Popen(list(m.argv), env=child_env, **own.pipes(m.name))
+            own.start(m.name, processes[m.name])
         except OSError as exc:
             results[m.name] = MemberResult(m.name, 127, started[m.name], time.time(), mps_active,
                                            f"cannot start {m.argv[0]!r}: {exc.strerror or exc}")

@@ -298,6 +298,39 @@ def test_each_member_of_a_failed_pack_is_judged_on_its_own_run(tmp_path: Path) -
         assert (event.data["exit_code"], event.data["ran_s"]) == ("1:0", 2400.0)
 
 
+def test_a_pack_member_is_judged_on_its_own_stderr_not_its_partners(tmp_path: Path) -> None:
+    """The pack's stderr holds every member's lines: one member's CUDA out-of-memory beside another's own
+    error made both look out of memory. run-pack copies each member's stderr to its own file too, and a
+    member is judged on that: the one that ran out of memory is re-planned off its type, the other fails
+    with its own lines. A pack from before (no own file) is still judged on the pack's."""
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    progress, logs = tmp_path / "progress", tmp_path / "logs"
+    logs.mkdir()
+    with db.transaction() as session:
+        session.add(ClusterSnapshot(nodes={"nodec": {"gpus": {"k80": 2}}, "nodea": {"gpus": {"v100": 4}}}))
+        oom, own, old = (create_job(session, CKPT_SPEC, "alice", "f.yaml") for _ in range(3))
+        own_lines = {oom.id: "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\n",
+                     own.id: "ValueError: bad label 7\n"}
+        (logs / f"slurmhet-{oom.id}-720.err").write_text("".join(own_lines.values()))  # the pack's, shared
+        for job_id, text in own_lines.items():
+            (logs / f"slurmhet-{oom.id}-720.member-{job_id}.err").write_text(text)
+        (logs / f"slurmhet-{old.id}-730.err").write_text("".join(own_lines.values()))  # an older pack's only
+        for job, sid, first in ((oom, "720", oom.id), (own, "720", oom.id), (old, "730", old.id)):
+            job.state = JobState.RUNNING
+            job.slurm_jobs.append(SlurmJob(
+                slurm_job_id=sid, role="pack", state="FAILED", reason="FAILED", exit_code="1:0", gpu_type="k80",
+                gpu_count=1, started_at=T0, ended_at=T0 + timedelta(hours=1),
+                argv=["sbatch", f"--output={logs}/slurmhet-{first}-%j.out", f"--error={logs}/slurmhet-{first}-%j.err"]))
+            _progress(progress, job.id, sid, 40, "failed", 1, at=(T0 + timedelta(seconds=2400)).timestamp())
+            assert settle_failure(session, job, progress)
+        assert oom.state is JobState.PENDING and oom.reason == "GPU out of memory on k80 (12 GB); re-planned on v100"
+        assert own.state is JobState.FAILED and own.reason == "failed (exit 1:0)"
+        (event,) = session.query(Event).filter(Event.job_id == own.id, Event.kind == "failed").all()
+        assert event.data["stderr_tail"] == ["ValueError: bad label 7"]
+        assert event.data["stderr"] == str(logs / f"slurmhet-{oom.id}-720.member-{own.id}.err")
+        assert old.state is JobState.PENDING and old.reason.startswith("GPU out of memory on k80")
+
+
 def test_every_member_of_a_pack_that_lost_its_node_or_was_preempted_is_re_planned(tmp_path: Path) -> None:
     """NODE_FAIL or PREEMPTED ends every member's run through no fault of its own, however long it ran; a
     member with no record of this run (not started: the pack was signalled) too."""

@@ -53,6 +53,23 @@ def test_submitit_and_pack_files_are_found_by_their_slurm_id() -> None:
     assert [(p.slurm_id, p.path.name) for p in found] == [("77", "77_0_log.out"), ("88", "slurmhet-4-88.out")]
 
 
+def test_a_pack_member_reads_its_own_files_and_an_older_pack_the_shared_ones() -> None:
+    """run-pack copies each member's output to ``.member-<job id>`` files beside the pack's: a member's logs are
+    its own. A pack from before has only the pack's files, which every member then shows."""
+    parts = [PartInfo("88", "pack", at(1), "RUNNING", "t4", 1, "nodeb"),
+             PartInfo("89", "retried", at(0), "FAILED", "t4", 1, "nodeb")]
+    files = [Path("/l") / n for n in ("slurmhet-4-88.out", "slurmhet-4-88.err", "slurmhet-4-88.member-4.out",
+                                      "slurmhet-4-88.member-4.err", "slurmhet-4-88.member-5.out",
+                                      "slurmhet-4-88.member-5.err", "slurmhet-4-89.out", "slurmhet-4-89.err")]
+    for job_id in (4, 5):
+        mine, older = log_parts(parts, files, job_id)[::-1]
+        assert (mine.path.name, mine.stderr.name) == (f"slurmhet-4-88.member-{job_id}.out",  # type: ignore[union-attr]
+                                                      f"slurmhet-4-88.member-{job_id}.err")
+        assert (older.path.name, older.stderr.name) == ("slurmhet-4-89.out", "slurmhet-4-89.err")  # type: ignore[union-attr]
+    assert [p.path.name for p in log_parts(parts, files)] == ["slurmhet-4-89.out", "slurmhet-4-88.out"]  # no job: the pack's
+    assert [p.path.name for p in log_parts(parts, files, 6)] == ["slurmhet-4-89.out", "slurmhet-4-88.out"]  # not a member
+
+
 def test_each_part_pairs_its_stdout_with_its_stderr_file() -> None:
     parts = [PartInfo("77", "batch", at(0), "COMPLETED", "t4", 1, "nodeb"),
              PartInfo("88", "batch", at(1), "FAILED", "t4", 1, "nodeb"),
@@ -121,7 +138,7 @@ def test_follow_names_a_part_started_after_the_first_sync_as_started(tmp_path: P
     def job(state: JobState, part_state: str, nodes: str) -> SimpleNamespace:
         part = SimpleNamespace(slurm_job_id="62", role="het", submitted_at=at(0), state=part_state, gpu_type="v100",
                                gpu_count=4, nodes=nodes, array_task=None, het_offset=0, round=0)
-        return SimpleNamespace(state=state, reason="", slurm_jobs=[part])
+        return SimpleNamespace(id=7, state=state, reason="", slurm_jobs=[part])
 
     syncs = [job(JobState.SUBMITTED, "PENDING", ""), job(JobState.RUNNING, "RUNNING", "nodea"),
              job(JobState.COMPLETED, "COMPLETED", "nodea")]

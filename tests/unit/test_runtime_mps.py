@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -157,12 +158,73 @@ def test_without_mps_members_still_run_concurrently_and_the_log_says_so(tmp_path
     assert not (tmp_path / "mps.log").exists()
 
 
+def _chatty(name: str, lines: int, exit_code: int) -> list[str]:
+    """A member that writes ``lines`` lines to stdout and to stderr as fast as it can, each in two writes (the
+    text, then its newline, as an unbuffered ``print`` does), a progress bar redrawn with no newline among them,
+    then exits with ``exit_code``."""
+    code = (f"import os, sys\nfor i in range({lines}):\n"
+            f"    for fd, stream in ((1, 'out'), (2, 'err')):\n"
+            f"        os.write(fd, f'{name}-{{stream}} {{i}}'.encode()); os.write(fd, b'\\n')\n"
+            f"os.write(2, b'{name} 50%\\r'); os.write(2, b'{name} 100%\\r'); os.write(2, b'{name} bar done\\n')\n"
+            f"sys.exit({exit_code})")
+    return [sys.executable, "-c", code]
+
+
+def _run_pack_process(tmp_path: Path, members: list[dict[str, object]]) -> tuple[int, str, str]:
+    """run-pack as a Slurm job runs it (its stdout and stderr the pack's files): status, stdout, stderr."""
+    pack = tmp_path / "pack.json"
+    pack.write_text(json.dumps({"members": members}))
+    runner = ("import sys; from slurmhet.runtime.mps import load_pack, run_pack, pack_exit_status; "
+              f"sys.exit(pack_exit_status(run_pack(load_pack({str(pack)!r}))))")
+    with (tmp_path / "pack.out").open("ab") as out, (tmp_path / "pack.err").open("ab") as err:
+        status = subprocess.run([sys.executable, "-c", runner], env=_env(tmp_path, False), cwd=REPO, stdout=out,
+                                stderr=err, timeout=60).returncode
+    return status, (tmp_path / "pack.out").read_bytes().decode(), (tmp_path / "pack.err").read_bytes().decode()
+
+
+def test_each_member_has_its_own_logs_and_the_packs_have_every_line_whole(tmp_path: Path) -> None:
+    """Each member's output goes to the pack's files (whole lines, never two members' fused) and to its own
+    (``%j`` the Slurm job id), with run-pack's own lines in each own stderr; a requeued run appends to both."""
+    members = [{"name": n, "argv": _chatty(n, 300, code), "stdout": str(tmp_path / f"own-%j.{n}.out"),
+                "stderr": str(tmp_path / f"own-%j.{n}.err")} for n, code in (("a", 0), ("b", 3))]
+    status, out, err = _run_pack_process(tmp_path, members)
+    assert status == 3
+    for n in "ab":
+        own_out = (tmp_path / f"own-9700.{n}.out").read_text().splitlines()
+        assert own_out == [f"{n}-out {i}" for i in range(300)]
+        own_err = (tmp_path / f"own-9700.{n}.err").read_bytes().decode().split("\n")  # a "\r" stays in its line
+        assert [line for line in own_err if not line.startswith("slurmhet run-pack: ")] == [
+            *(f"{n}-err {i}" for i in range(300)), f"{n} 50%\r{n} 100%\r{n} bar done", ""]
+        pack_lines = [line for line in own_err if line.startswith("slurmhet run-pack: ")]
+        assert any("MPS is NOT active" in line for line in pack_lines), pack_lines
+        assert any(line.startswith(f"slurmhet run-pack: member {n}: exit status") for line in pack_lines)
+    # The pack's files: both members' lines, each whole and in its member's order.
+    for text, stream in ((out, "out"), (err, "err")):
+        mine = {n: [line for line in text.split("\n") if line.startswith(f"{n}-{stream} ")] for n in "ab"}
+        assert mine == {n: [f"{n}-{stream} {i}" for i in range(300)] for n in "ab"}
+        assert all(re.fullmatch(r"[ab]-(out|err) \d+|[ab] 50%\r[ab] 100%\r[ab] bar done|slurmhet run-pack: .*", line)
+                   for line in text.split("\n")[:-1]), text
+    _run_pack_process(tmp_path, members)  # Slurm requeued it: the same job id, the same files, appended
+    assert len((tmp_path / "own-9700.a.out").read_text().splitlines()) == 600
+
+
+def test_an_own_log_that_cannot_be_opened_leaves_the_member_on_the_packs_files(tmp_path: Path) -> None:
+    members = [{"name": "a", "argv": _chatty("a", 3, 0), "stdout": str(tmp_path / "missing" / "a.out"),
+                "stderr": str(tmp_path / "a.err")}]
+    status, out, err = _run_pack_process(tmp_path, members)
+    assert status == 0 and out.splitlines() == ["a-out 0", "a-out 1", "a-out 2"]
+    assert f"member a: cannot open its own stdout file {tmp_path / 'missing' / 'a.out'}" in err
+    assert "a-err 2" in (tmp_path / "a.err").read_text()
+
+
 @pytest.mark.parametrize(("content", "fragment"), [
     ("{}", "non-empty 'members'"),
     ('{"members": [{"name": "a"}]}', "'argv'"),
     ('{"members": [{"name": "a", "argv": ["x"], "thread_percentage": 0}]}', "1..100"),
     ('{"members": [{"name": "a", "argv": ["x"]}, {"name": "a", "argv": ["y"]}]}', "used twice"),
     ('{"members": [{"name": "a", "argv": ["x"], "gpu": 1}]}', "unknown field"),
+    ('{"members": [{"name": "a", "argv": ["x"], "stderr": ["x.err"]}]}', "'stderr' must be a file path"),
+    ('{"members": [{"name": "a", "argv": ["x"], "stdout": " "}]}', "'stdout' must be a file path"),
     ("not json", "cannot read pack file"),
 ])
 def test_bad_pack_files_are_input_errors(tmp_path: Path, content: str, fragment: str) -> None:
