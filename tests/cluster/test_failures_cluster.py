@@ -95,6 +95,11 @@ def test_a_pack_member_that_crashes_fails_alone_and_its_partner_completes(tmp_pa
     (retried,) = [e["message"] for e in detail["events"] if e["kind"] == "retried"]
     seconds = re.fullmatch(r"failed (\d+) s after it started \(exit 2:0\); retried once", retried)
     assert seconds and int(seconds[1]) < 15, retried  # its own seconds, not the pack's
+    # Its own stderr (run-pack copies each member's to its own file): argparse's words are the crash's alone.
+    assert any("unrecognized arguments: --no-such-flag" in line for line in detail["last_failure"]["stderr_tail"])
+    assert detail["logs"][0]["stderr"].endswith(f"-{pack}.member-{bad}.err"), detail["logs"]  # the pack's run
+    assert "unrecognized arguments" in cli("logs", "--stderr", str(bad), state=state_dir).stdout
+    assert "unrecognized arguments" not in cli("logs", "--stderr", str(good), state=state_dir).stdout
     scancel([hold])
     wait_slurm(hold, ("",), timeout=60)  # gone before the next test takes nodec
 

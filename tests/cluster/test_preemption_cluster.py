@@ -225,12 +225,16 @@ def test_a_pack_a_cancel_mode_preemption_ends_resumes_each_member_from_its_own_c
 
     rows, actions = replan_until_final(state_dir, ids, env, leftovers)
     history = _history(pack)
-    errors = cli("logs", "--stderr", str(ids[0]), state=state_dir).stdout  # the pack's one stderr: both members
-    stops = [line for line in errors.splitlines() if "stopping after step" in line]
-    for job_id, name in zip(ids, ("pa", "pb")):
+    stops: list[str] = []
+    for job_id, name, other in zip(ids, ("pa", "pb"), ("pb", "pa")):
         row = rows[job_id]
         assert (row["state"], row["restarts"]) == ("COMPLETED", 1), (row, actions, history)
         log = cli("logs", str(job_id), state=state_dir).stdout
+        # Its own stderr (run-pack copies each member's to its own file): its stop line, not its partner's.
+        errors = cli("logs", "--stderr", str(job_id), state=state_dir).stdout
+        mine = [line for line in errors.splitlines() if "stopping after step" in line]
+        assert len(mine) == 1 and f"ckpt-{other}" not in log + errors, (mine, log, errors)
+        stops += mine
         # Its own checkpoint, at the step its own first run reached: nothing lost, nothing trained twice.
         (at,) = re.findall(rf"resuming from {re.escape(str(tmp_path / f'ckpt-{name}' / 'checkpoint.pt'))} at step "
                            r"(\d+)", log + errors)
