@@ -38,7 +38,8 @@ from slurmhet.submission import (PLACED, UNPLACED, Candidate, Dispatcher, after_
                                  with_verdicts, foreign_gpu_nodes, next_round, plan_for, render_parts,
                                  stored_allocation, unplaceable)
 from slurmhet.site_table import learned_table, site_table
-from slurmhet.sync import LIVE_PART_STATES, adopt_orphans, ask_slurm, forked_round, sync_jobs
+from slurmhet.sync import (LIVE_PART_STATES, adopt_orphans, ask_slurm, finished_waiting, forked_round,
+                           settle_finished, sync_jobs)
 from slurmhet.throughput import ThroughputTable, canonical_key
 
 #: A refused job is retried this many times, then left SUBMIT_FAILED for a person to look at.
@@ -128,6 +129,23 @@ def fold_progress(session: Session, records: Sequence[ProgressRecord], workloads
             session.add(mark)
         mark.updated_at = record.updated_at
     return table, events
+
+
+def with_progress(job: Job, steps: dict[str, int]) -> Candidate | None:
+    """The job as the planner sees it, with the steps its runs reached (``steps``: ``job_steps``).
+
+    A job with a live run that reached every step is left for the sync to close when the run ends. A job
+    waiting for a run is planned even then, with its last step left: its run reached every step but never
+    said it finished (``finished_waiting`` finds one that did), killed as it saved or exited, say,
+    with its node failing under it. It runs again from its checkpoint and redoes at most the work since.
+    """
+    base = candidate_of(job)
+    done = steps.get(str(job.id), 0) * base.spec.global_batch
+    if done >= base.spec.total_samples:
+        if job.state not in UNPLACED:
+            return None
+        done = max(0, base.spec.total_samples - base.spec.global_batch)
+    return replace(base, samples_done=float(done))
 
 
 # --------------------------------------------------------------------------- the run
@@ -374,6 +392,12 @@ class Replanner:
             for event in result.events:
                 add_event(session, None, "reset", event)
             owed = self._displace(session, mine, inventory, queue, dry_run, result)
+            finished = finished_waiting(mine, records)
+            for job, total, done_at in finished:
+                result.actions.append(f"{'would complete' if dry_run else 'completed'} job {job.id} ({job.name}): its "
+                                      f"command had finished all {total} steps before it was re-planned")
+                if not dry_run:
+                    settle_finished(session, job, total, done_at)
             steps = job_steps(records)
             # Forked jobs whose round ended: the sync leaves them open for the Job Tracker.
             forked = [j for j in mine if forked_round(j) is not None]
@@ -383,7 +407,8 @@ class Replanner:
             result.actions += tracked_actions
             rounds = {j.id: next_round(j) for j in mine if j.state in UNPLACED and next_round(j)}
             waiting = [w for w in (waiting_in_slurm(j) for j in mine) if w is not None]
-            live_jobs = [j for j in jobs if not j.state.final]
+            closed = {j.id for j, _, _ in finished}  # in a dry run: would be, so not planned either
+            live_jobs = [j for j in jobs if not j.state.final and j.id not in closed]
             found = dependency_verdicts(session, live_jobs)
             mine_doomed = {j.id: found.doomed[j.id] for j in mine if j.id in found.doomed}
             if dry_run:
@@ -392,7 +417,7 @@ class Replanner:
                 result.actions += cancel_doomed(session, mine, mine_doomed, self.client.cancel)
             live_jobs = [j for j in live_jobs if not j.state.final and j.id not in mine_doomed]
             candidates = [c if c is None else with_verdicts(c, found)
-                          for c in (self._candidate(j, steps) for j in live_jobs)]
+                          for c in (with_progress(j, steps) for j in live_jobs)]
             retry_capped = {j.id for j in mine if j.state is JobState.SUBMIT_FAILED and j.attempts >= MAX_SUBMIT_ATTEMPTS}
         if owed and not dry_run:
             self._cancel(owed)
@@ -535,12 +560,3 @@ class Replanner:
     def _workload(job: Job) -> str:
         w = job.spec.get("workload", {})
         return f"{w.get('model')} (batch size {w.get('batch_size')})"
-
-    @staticmethod
-    def _candidate(job: Job, steps: dict[str, int]) -> Candidate | None:
-        """The job with its progress; a job whose steps are all done is left for the sync to close."""
-        base = candidate_of(job)
-        done = steps.get(str(job.id), 0) * base.spec.global_batch
-        if done >= base.spec.total_samples:
-            return None
-        return replace(base, samples_done=float(done))

@@ -7,7 +7,7 @@ which lags squeue, so a part missing from both keeps its state until next time.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -348,6 +348,30 @@ def _allowed_types(session: Session, job: Job) -> tuple[str, ...]:
         return types
     last = session.scalars(select(ClusterSnapshot).order_by(ClusterSnapshot.id.desc()).limit(1)).first()
     return tuple(sorted({t for node in (last.nodes if last else {}).values() for t in node.get("gpus", {})}))
+
+
+def finished_waiting(jobs: Sequence[Job], records: Sequence[ProgressRecord]) -> list[tuple[Job, int, float]]:
+    """Jobs waiting for a run (re-planned, retried) whose command had already finished all its steps (a rank's
+    progress record ``done``, exit 0), e.g. a run that ended just as its node failed and Slurm requeued it, with
+    their steps and when the command finished. Nothing else closes such a job: no run is left to judge."""
+    finished = finished_steps(records)
+    out = []
+    for job in jobs:
+        if job.state not in (JobState.PENDING, JobState.SUBMIT_FAILED) or forked_round(job) is not None:
+            continue
+        total = parse_job(job.spec, f"store:job {job.id}").total_steps
+        if finished.get(str(job.id), 0) >= total:
+            out.append((job, total, max(r.updated_at for r in records
+                                        if r.job_id == str(job.id) and r.state == "done" and r.exit_code == 0)))
+    return out
+
+
+def settle_finished(session: Session, job: Job, total: int, done_at: float) -> None:
+    """COMPLETED, ended when its command finished (see :func:`finished_waiting`)."""
+    add_event(session, job, "state", f"{job.state.value} -> {JobState.COMPLETED.value}: its command had finished "
+              f"all {total} steps (progress: done); nothing left to run")
+    job.state, job.reason = JobState.COMPLETED, ""
+    job.ended_at = datetime.fromtimestamp(done_at, timezone.utc)
 
 
 def settle_failure(session: Session, job: Job, progress_dir: Path) -> bool:

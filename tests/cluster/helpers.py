@@ -113,9 +113,13 @@ TRAIN = Path(__file__).resolve().parents[2] / "examples" / "train.py"
 
 
 def train_spec(path: Path, name: str, steps: int, global_batch: int, gpus: str, checkpoint_dir: Path,
-               *train_args: str, batch_size: int | None = None, extra: str = "", time_limit: int = 10) -> Path:
-    """A spec of examples/train.py (mlp-small) that checkpoints into ``checkpoint_dir``: the fault tests' job."""
+               *train_args: str, batch_size: int | None = None, extra: str = "", time_limit: int = 10,
+               then: str | None = None) -> Path:
+    """A spec of examples/train.py (mlp-small) that checkpoints into ``checkpoint_dir``: the fault tests' job.
+    ``then``: a shell line the command runs after train.py exits 0, before the command itself ends."""
     command = [sys.executable, str(TRAIN), "--steps", str(steps), "--global-batch", str(global_batch), *train_args]
+    if then is not None:
+        command = ["bash", "-c", f'"$0" "$@" && {then}', *command]
     path.write_text(textwrap.dedent(f"""\
         name: {name}
         command: {json.dumps(command)}

@@ -10,13 +10,15 @@ from pathlib import Path
 
 from sqlalchemy import select
 
-from slurmhet.replan import CANCELLING, REQUEUE_HOLD, owed_cancels, displaced, requeue_held, requeued, stranded_copies, waiting_in_slurm
+from slurmhet.replan import (CANCELLING, REQUEUE_HOLD, displaced, owed_cancels, requeue_held, requeued, stranded_copies,
+                             waiting_in_slurm, with_progress)
+from slurmhet.runtime.progress import ProgressRecord, job_steps
 from slurmhet.cluster import Inventory, Node
 from slurmhet.slurm.parsers import QueueRecord, parse_squeue_json
 from slurmhet.spec import load_text
 from slurmhet.store import Database, Job, JobState, SlurmJob, create_job
 from slurmhet.store.models import Event
-from slurmhet.sync import SlurmView, restarts, sync_jobs
+from slurmhet.sync import SlurmView, finished_waiting, restarts, settle_finished, sync_jobs
 
 SPEC = load_text("name: a\ncommand: [x]\nworkload: {model: m, batch_size: 2}\nwork: {steps: 3}\n", "f.yaml")[0]
 T0 = datetime(2026, 11, 26, 5, tzinfo=timezone.utc)
@@ -235,3 +237,37 @@ def test_cancelling_or_releasing_a_job_that_already_ended_is_no_failure_anything
         SlurmCli(_Refusing(said)).release_requeue_hold(["9_2"])  # type: ignore[arg-type]
     with pytest.raises(SlurmCommandError):
         SlurmCli(_Refusing("scancel: error: Unable to contact slurm controller\n")).cancel(["9"])  # type: ignore[arg-type]
+
+
+def _record(job: Job, steps: int, state: str, code: int | None, at: float = 1000.0) -> ProgressRecord:
+    return ProgressRecord(job_id=str(job.id), slurm_job_id="70", rank=0, gpu_type="k80", node="nodec",
+                          steps_done=steps, samples_done=steps * 2, samples_per_second=4.0, epoch=0, updated_at=at,
+                          emulated=True, state=state, exit_code=code)
+
+
+def test_a_job_re_planned_after_its_run_reached_every_step_runs_again_unless_it_said_it_finished(
+        tmp_path: Path) -> None:
+    """A node failed as a het job's run reached its last step (found on 24.11 under load): the ranks were killed
+    at step 3 of 3 (exit 143) and Slurm requeued the run, which replan re-planned. The planner took the job as
+    done and the sync had no run to close, so it stayed PENDING for good. Now a job waiting for a run is planned
+    with its last step left (it resumes from its checkpoint), and one whose command said it finished (``done``,
+    exit 0) is COMPLETED at that time; a job whose run still lives is left for the sync, as before."""
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    with db.transaction() as session:
+        killed = _job(session, JobState.PENDING, SlurmJob(slurm_job_id="70", role="superseded", state="CANCELLED"))
+        said = _job(session, JobState.PENDING, SlurmJob(slurm_job_id="71", role="superseded", state="CANCELLED"))
+        live = _job(session, JobState.RUNNING, SlurmJob(slurm_job_id="72", role="batch", state="RUNNING"))
+        session.flush()
+        records = [_record(killed, 3, "failed", 143), _record(said, 3, "done", 0, at=1500.0),
+                   _record(said, 2, "running", None), _record(live, 3, "running", None)]
+        steps = job_steps(records)
+        again = with_progress(killed, steps)
+        assert again is not None and again.samples_done == 4.0  # 2 of 3 steps of 2 samples: one step left
+        assert with_progress(live, steps) is None  # its run ends on its own; the sync closes it
+        assert [(j.id, total, at) for j, total, at in finished_waiting([killed, said, live], records)] == [
+            (said.id, 3, 1500.0)]
+        settle_finished(session, said, 3, 1500.0)
+        assert said.state is JobState.COMPLETED and said.ended_at == datetime.fromtimestamp(1500.0, timezone.utc)
+        (event,) = session.scalars(select(Event).where(Event.job_id == said.id, Event.kind == "state")).all()
+        assert event.message == "PENDING -> COMPLETED: its command had finished all 3 steps (progress: done); " \
+                                "nothing left to run"
