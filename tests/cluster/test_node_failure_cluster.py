@@ -9,6 +9,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -42,6 +43,27 @@ def _resume(name: str) -> None:
         _node(name, "resume")
 
 
+def _fail_node_and_replan(state_dir: Path, job_id: int, node: str, env: dict[str, str]
+                          ) -> tuple[dict[str, Any], list[str]]:
+    """``node`` fails under the job: down kills and requeues what runs there; drained, it stays out of use (a
+    slurmd re-registering would otherwise return a merely DOWN node at once: ReturnToService=2), as a broken node
+    does until repaired. Then ``replan --once`` every 2 s, as cron would, until the job is final, and the node is
+    brought back. The job's last status row, and replan's events and actions on the way."""
+    _node(node, "down")
+    try:
+        _node(node, "drain")
+        events: list[str] = []
+        deadline = time.monotonic() + 240
+        while (row := status(state_dir, env=env)[job_id])["state"] not in ("COMPLETED", "FAILED", "CANCELLED"):
+            assert time.monotonic() < deadline, (row, events)
+            result = json.loads(cli("replan", "--once", "--json", state=state_dir, env=env).stdout)
+            events += result["events"] + result["actions"]
+            time.sleep(2)
+    finally:
+        _resume(node)
+    return row, events
+
+
 def test_a_node_failing_under_a_het_job_restarts_it_whole_from_its_checkpoint(tmp_path: Path, state_dir: Path,
                                                                              leftovers: list[str]) -> None:
     ckpt = tmp_path / "ckpt"
@@ -59,20 +81,7 @@ def test_a_node_failing_under_a_het_job_restarts_it_whole_from_its_checkpoint(tm
     assert row["state"] == "RUNNING" and len(row["slurm"]) == 2, row  # one het job, two components
     (failing,) = {p["nodes"] for p in row["slurm"]} - {"nodea"}  # 4 v100 on nodea, 2 GPUs on another node
     seen = _steps(state_dir, job_id)
-    # Down kills and requeues what runs there; drained, it stays out of use (a slurmd re-registering would
-    # otherwise return a merely DOWN node at once: ReturnToService=2), as a broken node does until repaired.
-    _node(failing, "down")
-    try:
-        _node(failing, "drain")
-        events: list[str] = []
-        deadline = time.monotonic() + 240
-        while (row := status(state_dir)[job_id])["state"] not in ("COMPLETED", "FAILED", "CANCELLED"):
-            assert time.monotonic() < deadline, (row, events)
-            result = json.loads(cli("replan", "--once", "--json", state=state_dir, env=env).stdout)
-            events += result["events"] + result["actions"]
-            time.sleep(2)
-    finally:
-        _resume(failing)
+    row, events = _fail_node_and_replan(state_dir, job_id, failing, env)
     assert row["state"] == "COMPLETED", (row, events)
     assert any(e.startswith(f"node {failing} failed under job {job_id} (het-train)") for e in events), events
     runs = sorted({p["id"] for p in row["slurm"]}, key=int)
@@ -117,18 +126,7 @@ def test_a_node_failing_after_the_runs_last_step_before_it_exits_runs_it_again_a
         time.sleep(0.5)
     assert _steps(state_dir, job_id) == STEPS
     (failing,) = {p["nodes"] for p in status(state_dir)[job_id]["slurm"]}
-    _node(failing, "down")
-    try:
-        _node(failing, "drain")
-        events: list[str] = []
-        deadline = time.monotonic() + 240
-        while (row := status(state_dir)[job_id])["state"] not in ("COMPLETED", "FAILED", "CANCELLED"):
-            assert time.monotonic() < deadline, (row, events)
-            result = json.loads(cli("replan", "--once", "--json", state=state_dir, env=env).stdout)
-            events += result["events"] + result["actions"]
-            time.sleep(2)
-    finally:
-        _resume(failing)
+    row, events = _fail_node_and_replan(state_dir, job_id, failing, env)
     assert (row["state"], row["restarts"]) == ("COMPLETED", 1), (row, events)
     assert any(e.startswith(f"node {failing} failed under job {job_id} (lingers)") for e in events), events
     runs = sorted({p["id"] for p in row["slurm"]}, key=int)
@@ -163,18 +161,7 @@ def test_a_node_failing_under_a_forked_copy_leaves_it_out_of_its_round_and_the_j
     while not any(r.slurm_job_id == copy["id"] and r.steps_done >= 5 for r in read_progress(state_dir / "progress")):
         assert time.monotonic() < deadline, status(state_dir, env=env)[job_id]
         time.sleep(0.5)
-    _node("nodec", "down")
-    try:
-        _node("nodec", "drain")
-        events: list[str] = []
-        deadline = time.monotonic() + 240
-        while (row := status(state_dir, env=env)[job_id])["state"] not in ("COMPLETED", "FAILED", "CANCELLED"):
-            assert time.monotonic() < deadline, (row, events)
-            result = json.loads(cli("replan", "--once", "--json", state=state_dir, env=env).stdout)
-            events += result["events"] + result["actions"]
-            time.sleep(2)
-    finally:
-        _resume("nodec")
+    row, events = _fail_node_and_replan(state_dir, job_id, "nodec", env)
     assert row["state"] == "COMPLETED", (row, events)
     parts = row["slurm"]
     # The copy on nodec ran once: Slurm requeued it onto its dead node, where replan cancelled it (if the copy
