@@ -2,8 +2,9 @@
 
 Every emitted script writes its stdout to ``<log_dir>/slurmhet-<id>-<slurm id>.out`` and its
 stderr beside it in ``.err`` (arrays: ``<array id>_<task>``; a co-location pack's files carry its
-first member's id, and each member's own copies of its output add ``.member-<job id>``; submitit's entrypoint jobs write ``<slurm id>_<task>_log.out``/``.err`` under
-the log dir; parts submitted before slurmhet split the streams have one merged ``.out``).
+first member's id, and each member's own copies of its output add ``.member-<job id>``; submitit's
+entrypoint jobs write ``<slurm id>_<task>_log.out``/``.err`` under the log dir; parts submitted
+before slurmhet split the streams have one merged ``.out``).
 A requeued run appends to its Slurm job's file; a job moved or resubmitted by
 ``replan``, a consolidation, a next forked round are new Slurm jobs, so new
 files. :func:`log_parts` orders them as they were submitted; it is pure.

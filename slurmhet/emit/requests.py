@@ -453,6 +453,8 @@ class ConsolidationRequest:
 
 
 PACK_SHARING = ("gpu", "mps", "shard")
+#: ``--slurmhet-mps`` for an MPS pack: the pack holds its whole share; members split it by thread_percentage.
+PACK_MPS_PERCENT = 100
 
 
 def member_log(path: str, job_id: int) -> str:
@@ -460,8 +462,6 @@ def member_log(path: str, job_id: int) -> str:
     ``slurmhet-<pack>-<slurm id>.member-<job id>.err``): run-pack copies each member's output to both."""
     stem, _, ext = path.rpartition(".")
     return f"{stem}.member-{job_id}.{ext}"
-#: ``--slurmhet-mps`` for an MPS pack: the pack holds its whole share; members split it by thread_percentage.
-PACK_MPS_PERCENT = 100
 
 
 @dataclass(frozen=True)
