@@ -357,10 +357,11 @@ def finished_waiting(jobs: Sequence[Job], records: Sequence[ProgressRecord]) -> 
     finished = finished_steps(records)
     out = []
     for job in jobs:
-        if job.state not in (JobState.PENDING, JobState.SUBMIT_FAILED) or forked_round(job) is not None:
+        if (str(job.id) not in finished  # most jobs: no spec to parse on every replan
+                or job.state not in (JobState.PENDING, JobState.SUBMIT_FAILED) or forked_round(job) is not None):
             continue
         total = parse_job(job.spec, f"store:job {job.id}").total_steps
-        if finished.get(str(job.id), 0) >= total:
+        if finished[str(job.id)] >= total:
             out.append((job, total, max(r.updated_at for r in records
                                         if r.job_id == str(job.id) and r.state == "done" and r.exit_code == 0)))
     return out
