@@ -262,18 +262,26 @@ def _forked(job_id: int, spec: JobSpec, launch: Launch, copies: Sequence[Allocat
                                plan_env=(("SLURMHET_ROUND_STEPS", str(steps)),) if steps is not None else ())
         parts += [Part(chunk) for chunk in request.chunks(profile.max_array_size)]
         first += len(nodes)
+    consolidation = consolidation_request(job_id, spec, [copy.slots[0][1] for copy in copies], first, profile,
+                                          settings, round)
+    return parts + [Part(consolidation, after=tuple(range(len(parts))))]
+
+
+def consolidation_request(job_id: int, spec: JobSpec, copy_types: Sequence[str], copies: int, profile: SiteProfile,
+                          settings: EmitSettings, round: int, again: bool = False) -> ConsolidationRequest:
+    """The consolidation of a round of ``copies`` copies on ``copy_types`` (one per copy); ``again``: its second
+    run, after a fault ended the first before it wrote the average (see ``ConsolidationRequest.again``)."""
     # It needs no GPU: it runs in the first of the copies' types' partitions that can start it (Slurm's list of
     # partitions). Pinned to the first copy's alone, it waited for good once that partition's nodes drained
     # after the copies ended (a node Slurm drains for "Kill task failed" across a controller restart).
-    types = list(dict.fromkeys(copy.slots[0][1] for copy in copies))
+    types = list(dict.fromkeys(copy_types))
     partitions = [partition_for(spec, settings, t) for t in types]
     common = _common(job_id, spec, settings, types[0], profile=profile)
     if len(set(partitions)) > 1 and None not in partitions:  # None: Slurm's default partition, which has no name here
         common = replace(common, partition=",".join(dict.fromkeys(p for p in partitions if p)))
-    consolidation = ConsolidationRequest(common, settings.slurmhet, spec.checkpoint_dir, tuple(range(first)),
-                                         round=round, then=settings.after_consolidation,
-                                         env=(("SLURMHET_JOB_ID", str(job_id)), *settings.env))
-    return parts + [Part(consolidation, after=tuple(range(len(parts))))]
+    return ConsolidationRequest(common, settings.slurmhet, spec.checkpoint_dir, tuple(range(copies)), round=round,
+                                then=settings.after_consolidation, again=again,
+                                env=(("SLURMHET_JOB_ID", str(job_id)), *settings.env))
 
 
 def pack_parts(members: Sequence[tuple[int, JobSpec, JobPlan]], profile: SiteProfile, settings: EmitSettings,

@@ -425,18 +425,20 @@ class ConsolidationRequest:
     then: tuple[str, ...] = ()
     #: Exported before ``slurmhet consolidate`` (job id and progress dir, so the aggregated steps are recorded).
     env: tuple[tuple[str, str], ...] = ()
+    #: A second run of the round's consolidation after a fault (its node failed, it was preempted) ended the
+    #: first before it wrote the average: the copies are over and their checkpoints kept, so it waits for nothing.
+    again: bool = False
 
     def materialize(self) -> Materialized:
         place = f"job {self.common.job_id}"
-        if not self.after or not self.copy_tasks:
+        if not (self.after or self.again) or not self.copy_tasks:
             raise InputError("a consolidation needs the round's array job ids and copy tasks", place=place,
                              hint="submit it through MultiPartSubmitter after its array")
         if not self.checkpoint_dir:
             raise InputError("forked copies need a checkpoint_dir to consolidate", place=place,
                              hint="set checkpoint_dir in the job spec")
-        opts = self.common.options() + [
-            f"--dependency=afterany:{':'.join(self.after)}", "--nodes=1", "--ntasks=1",
-        ]
+        after = [f"--dependency=afterany:{':'.join(self.after)}"] if self.after else []
+        opts = self.common.options() + [*after, "--nodes=1", "--ntasks=1"]
         check_slurm_can([opts])
         script = render(
             "consolidate.sh.j2",
@@ -448,6 +450,7 @@ class ConsolidationRequest:
             slurmhet=self.slurmhet,
             then=self.then,
             env=self.env,
+            again=self.again,
         )
         return Materialized(tuple(opts), script)
 

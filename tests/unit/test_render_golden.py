@@ -86,6 +86,9 @@ CASES: dict[str, BatchRequest | HetJobRequest | ArrayRequest | ConsolidationRequ
                                                                SweepMember(43, "b", HOSTILE_ARGV, (("X", HOSTILE_NAME),)))),
     "consolidation": ConsolidationRequest(_common(), SLURMHET, "/ckpt/resnet18", (0, 1, 2), after=("101", "102"),
                                           round=4, then=(*SLURMHET, "replan")),
+    # Run again after a fault cut the first run off: the copies are over, so no --dependency.
+    "consolidation-again": ConsolidationRequest(_common(), SLURMHET, "/ckpt/resnet18", (0, 1, 2), round=4,
+                                                then=(*SLURMHET, "replan"), again=True),
     "consolidation-hostile": ConsolidationRequest(_common(HOSTILE_NAME), SLURMHET, "/ckpt/it's $(x);\nd", (0,),
                                                   after=("101",)),
     "pack-gres": PackRequest(_common(), LAUNCHER, SLURMHET, "v100",
