@@ -31,7 +31,7 @@ from slurmhet.spec import parse_job
 from slurmhet.startup import StartupCosts, fold_startup, learned_startup
 from slurmhet.store import Database, Job, JobState, SlurmJob, add_event, list_jobs
 from slurmhet.store.lock import dispatch_lock
-from slurmhet.store.models import ClusterSnapshot, ProgressMark, ThroughputObservation
+from slurmhet.store.models import ClusterSnapshot, Event, ProgressMark, ThroughputObservation
 from slurmhet.shared_cluster import SharedCluster, read_shared
 from slurmhet.submission import (PLACED, UNPLACED, Candidate, Dispatcher, after_ok_of, cancel_doomed, candidate_of,
                                  dependency_verdicts, describe, dispatches, pending_in_slurm, queue_overdue,
@@ -39,7 +39,7 @@ from slurmhet.submission import (PLACED, UNPLACED, Candidate, Dispatcher, after_
                                  stored_allocation, unplaceable)
 from slurmhet.site_table import learned_table, site_table
 from slurmhet.sync import (LIVE_PART_STATES, adopt_orphans, ask_slurm, finished_waiting, forked_round,
-                           settle_finished, sync_jobs)
+                           lost_consolidation, settle_finished, sync_jobs)
 from slurmhet.throughput import ThroughputTable, canonical_key
 
 #: A refused job is retried this many times, then left SUBMIT_FAILED for a person to look at.
@@ -351,6 +351,40 @@ def job_tracker(session: Session, jobs: Sequence[Job], steps: dict[str, int], dr
     return events, actions
 
 
+#: Runs of one round's consolidation that faults may cut off before its job is FAILED: a node that keeps failing
+#: under a short CPU step is the site's to repair, not a job to resubmit for ever.
+CONSOLIDATION_RUNS = 3
+
+
+def lost_rounds(session: Session, jobs: Sequence[Job], dry_run: bool) -> tuple[list[int], list[str], list[str]]:
+    """Forked jobs whose round's consolidation a fault cut off (``sync.lost_consolidation``): the ones whose
+    consolidation runs again, and FAILED the ones cut off ``CONSOLIDATION_RUNS`` times. Returns (job ids to
+    consolidate again, events, actions)."""
+    again: list[int] = []
+    events, actions = [], []
+    for job in jobs:
+        part = lost_consolidation(job)
+        if part is None or job.state.final or job.state in UNPLACED:  # unplaced: the Job Tracker took the round
+            continue  # as consolidated (this replan ran in it, after its average was written)
+        earlier = session.scalars(select(Event).where(Event.job_id == job.id, Event.kind == "consolidated_again"))
+        runs = 1 + sum(1 for e in earlier if (e.data or {}).get("round") == part.round)
+        cut = f"round {part.round}'s consolidation, Slurm job {part.slurm_job_id}, ended {part.reason}"
+        events.append(f"job {job.id} ({job.name}): {cut} before it wrote the average (run {runs})")
+        if runs < CONSOLIDATION_RUNS:
+            again.append(job.id)
+            if dry_run:
+                actions.append(f"would run round {part.round}'s consolidation of job {job.id} again")
+            continue
+        reason = (f"{cut}: {runs} runs of it cut off by faults (CONSOLIDATION_RUNS); the copies' checkpoints and "
+                  f"the last average are kept in {job.spec.get('checkpoint_dir')}")
+        actions.append(f"{'would fail' if dry_run else 'failed'} job {job.id} ({job.name}): {reason}")
+        if not dry_run:
+            job.state, job.reason = JobState.FAILED, reason
+            job.ended_at = part.ended_at or datetime.now(timezone.utc)
+            add_event(session, job, "failed", reason, round=part.round, slurm_job_ids=[part.slurm_job_id])
+    return ([] if dry_run else again), events, actions
+
+
 class Replanner:
     def __init__(self, db: Database, client: SlurmClient, profile: SiteProfile, settings: Settings,
                  runner: SlurmRunner, owner: str) -> None:
@@ -405,6 +439,9 @@ class Replanner:
                                                           os.environ.get("SLURM_JOB_ID"))
             result.events += tracked_events
             result.actions += tracked_actions
+            consolidate, lost_events, lost_actions = lost_rounds(session, forked, dry_run)
+            result.events += lost_events
+            result.actions += lost_actions
             rounds = {j.id: next_round(j) for j in mine if j.state in UNPLACED and next_round(j)}
             waiting = [w for w in (waiting_in_slurm(j) for j in mine) if w is not None]
             closed = {j.id for j, _, _ in finished}  # in a dry run: would be, so not planned either
@@ -421,6 +458,8 @@ class Replanner:
             retry_capped = {j.id for j in mine if j.state is JobState.SUBMIT_FAILED and j.attempts >= MAX_SUBMIT_ATTEMPTS}
         if owed and not dry_run:
             self._cancel(owed)
+        dispatcher = Dispatcher(self.db, self.client, self.profile, self.settings, self.runner)
+        result.actions += [dispatcher.consolidate_again(job_id, inventory) for job_id in consolidate]
         candidates = [c for c in candidates if c is not None]
         if not candidates:  # a job whose steps are all done may still be held (preempted as it ended)
             self._release_holds(mine, queue, owed, dry_run, result)
@@ -458,7 +497,6 @@ class Replanner:
                                       + (" (overdue: queued in Slurm)" if queued & set(d.job_ids) else ""))
                 result.dry_run_parts += render_parts(d.parts)
             return result
-        dispatcher = Dispatcher(self.db, self.client, self.profile, self.settings, self.runner)
         dispatcher.record_plan(plan, list(ready), unplaceable(candidates, inventory), startup,
                                queued=[c.job_id for c in candidates if c.queued and c.owner == self.owner])
         for d in work:

@@ -22,7 +22,8 @@ from sqlalchemy.orm import Session
 
 from slurmhet.cluster import Inventory, OpenWorld
 from slurmhet.config import Settings
-from slurmhet.emit.from_plan import EmitSettings, container_runtime_for, pack_parts, requests_for, sweep_arrays
+from slurmhet.emit.from_plan import (EmitSettings, consolidation_request, container_runtime_for, pack_parts,
+                                    requests_for, sweep_arrays)
 from slurmhet.emit.multipart import MultiPartOutcome, MultiPartSubmitter, Part, shown_ids
 from slurmhet.errors import InputError
 from slurmhet.forking import DEFAULT_ROUND_S, ForkedJob, job_forker
@@ -40,7 +41,7 @@ from slurmhet.spec import JobSpec, check_against_cluster, parse_job
 from slurmhet.startup import StartupCosts, learned_startup
 from slurmhet.store import Database, Job, JobState, SlurmJob, add_event, create_job, get_job, list_jobs
 from slurmhet.store.lock import dispatch_lock
-from slurmhet.sync import adopt_orphans, ask_slurm, live_parts, sync_jobs
+from slurmhet.sync import adopt_orphans, ask_slurm, live_parts, lost_consolidation, sync_jobs
 from slurmhet.dependencies import Verdicts, preview_hold, resolve, verdicts
 from slurmhet.site_table import live_table, site_table, with_specs
 from slurmhet.throughput import ThroughputTable
@@ -549,6 +550,44 @@ class Dispatcher:
                               f"{fork.total_round_steps} steps: {'+'.join(map(str, fork.round_steps))})",
                               round=fork.round, copies=describe(alloc), round_steps=list(fork.round_steps))
         return results
+
+    def consolidate_again(self, job_id: int, inventory: Inventory) -> str:
+        """Run a forked round's consolidation again, after a fault cut its first run off (``lost_consolidation``):
+        the same averaging of the same copies in the same partitions, now with nothing to wait for. The lost run
+        is retired (kept for logs and restarts); what happened, as a replan action."""
+        with self.db.snapshot() as session:
+            job = get_job(session, job_id)
+            lost = lost_consolidation(job) if job is not None else None
+            if job is None or lost is None:
+                return f"job {job_id}: no lost consolidation to run again"
+            spec, forked = parse_job(job.spec, f"store:job {job.id}"), (job.plan or {}).get("forked") or {}
+            lost_id, round, why, argv = lost.slurm_job_id, lost.round, lost.reason, list(lost.argv)
+        types = [str(copy[1]) for copy in forked.get("copies") or ()]
+        if not types:
+            return f"job {job_id}: round {round}'s copies are not on record; its consolidation cannot run again"
+        request = consolidation_request(job_id, spec, types, len(types), self.profile,
+                                        emit_settings(self.settings, self.db.instance, inventory), round, again=True)
+        partition = next((a.split("=", 1)[1] for a in argv if a.startswith("--partition=")), None)
+        if partition:  # where the first run was sent, as the round's copies' partitions were then
+            request = replace(request, common=replace(request.common, partition=partition))
+        outcome = MultiPartSubmitter(self.client).submit([Part(request)])
+        with self.db.transaction() as session:
+            job = get_job(session, job_id)
+            assert job is not None
+            rows = [row for part in outcome.live for row in part.store_rows(job.id)]
+            job.slurm_jobs.extend(SlurmJob(**row) for row in rows)
+            if not outcome.ok:
+                add_event(session, job, "submit_failed", f"round {round}'s consolidation again: {outcome.message}",
+                          round=round, maybe_submitted=outcome.maybe_submitted)
+                return f"job {job_id}: round {round}'s consolidation not submitted again ({outcome.message})"
+            for part in job.slurm_jobs:
+                if part.slurm_job_id == lost_id and part.role == "consolidation":
+                    part.role = "retried"
+            ids = shown_ids(rows)
+            note = (f"round {round}'s consolidation, Slurm job {lost_id}, ended {why} before it wrote the average; "
+                    f"run again as Slurm job {','.join(ids)} on the copies' checkpoints")
+            add_event(session, job, "consolidated_again", note, round=round, lost=lost_id, slurm_job_ids=ids)
+        return f"job {job_id} ({spec.name}): {note}"
 
     def _record(self, session: Any, job: Job, spec: JobSpec, outcome: MultiPartOutcome,
                 alloc: Allocation | None) -> Outcome:

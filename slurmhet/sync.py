@@ -129,6 +129,21 @@ def forked_round(job: Job) -> SlurmJob | None:
     return last if last.role == "consolidation" else None
 
 
+#: How Slurm ends a job for a fault of the cluster's, not of its own command.
+FAULTS = frozenset({"NODE_FAIL", "PREEMPTED", "BOOT_FAIL"})
+
+
+def lost_consolidation(job: Job) -> SlurmJob | None:
+    """The consolidation part of a forked round that a fault ended before it wrote the average (its node failed
+    or it was preempted, and Slurm did not requeue it: JobRequeue=0, PreemptMode=CANCEL), else None.
+
+    The round's copies are over and their checkpoints are kept, so running it again loses nothing; failing the
+    job would lose the whole job to one short CPU step.
+    """
+    part = forked_round(job)
+    return part if part is not None and part.state == "FAILED" and FAULTS & set(part.reason.split(",")) else None
+
+
 @dataclass(frozen=True)
 class SlurmView:
     """What Slurm said about some jobs' live parts.
@@ -214,8 +229,10 @@ def sync_jobs(session: Session, jobs: list[Job], view: SlurmView, progress_dir: 
         round_part = forked_round(job)
         if round_part is not None and new is not None and new.final:
             # A forked round ends with its consolidation, which leaves out copies that failed or were cut off
-            # with their node. Consolidated: only the replanner's Job Tracker knows if steps are left.
-            new = None if round_part.state == "COMPLETED" else job_state_from_parts([round_part])
+            # with their node. Consolidated: only the replanner's Job Tracker knows if steps are left; cut off
+            # by a fault: the Job Tracker runs it again.
+            lost = lost_consolidation(job) is not None
+            new = None if round_part.state == "COMPLETED" or lost else job_state_from_parts([round_part])
         if new is JobState.FAILED and settle_failure(session, job, progress_dir):
             changed += 1
             continue

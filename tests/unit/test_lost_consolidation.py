@@ -1,0 +1,146 @@
+"""A forked round's consolidation that a fault cut off (its node failed, it was preempted, and Slurm did not requeue
+it) runs again on the copies' checkpoints, instead of failing the whole job (store rules, the rendered request and
+the dispatcher with a fake sbatch; the real cluster's case is in tests/cluster/test_node_failure_cluster.py)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Sequence
+
+from sqlalchemy import select
+
+from slurmhet.cluster import Inventory, Node
+from slurmhet.config import Settings
+from slurmhet.emit.requests import Common, ConsolidationRequest
+from slurmhet.replan import CONSOLIDATION_RUNS, job_tracker, lost_rounds
+from slurmhet.slurm.parsers import AccountingRecord, parse_sacct_parsable
+from slurmhet.slurm.profile import SiteProfile
+from slurmhet.spec import load_text
+from slurmhet.store import Database, Job, JobState, SlurmJob, add_event, create_job, get_job
+from slurmhet.store.models import Event
+from slurmhet.submission import Dispatcher
+from slurmhet.sync import SlurmView, lost_consolidation, sync_jobs
+
+SPEC = load_text("name: forked\ncommand: [x]\nworkload: {model: m, batch_size: 2}\nwork: {steps: 30}\n"
+                 "sync: local-sgd\ncheckpoint_dir: /ckpt/forked\n", "f.yaml")[0]
+PROFILE = SiteProfile("22.05.8", True, 1001, 10**6, "gres", False, True, True)
+T1 = datetime(2026, 12, 7, 5, tzinfo=timezone.utc)
+
+
+def _forked(session: object, consolidation: str, reason: str = "") -> Job:
+    """A job in round 1: two copies over, its consolidation (Slurm job 12) ended ``consolidation``."""
+    job = create_job(session, SPEC, "alice", "f.yaml")  # type: ignore[arg-type]
+    job.state = JobState.RUNNING
+    job.plan = {"slots": [["nodea", "v100", 1], ["nodeb", "t4", 1]],
+                "forked": {"round": 1, "copies": [["nodea", "v100", 1], ["nodeb", "t4", 1]]}}
+    job.slurm_jobs += [
+        SlurmJob(slurm_job_id="11", role="array", round=1, array_task=0, state="COMPLETED"),
+        SlurmJob(slurm_job_id="11", role="array", round=1, array_task=1, state="COMPLETED"),
+        SlurmJob(slurm_job_id="12", role="consolidation", round=1, state=consolidation, reason=reason, ended_at=T1,
+                 argv=["sbatch", "--parsable", "--partition=gpu-v100,gpu-t4", "--dependency=afterany:11"]),
+    ]
+    return job
+
+
+def _sacct(job_id: str, state: str, exit_code: str) -> AccountingRecord:
+    (record,) = parse_sacct_parsable(f"{job_id}|{job_id}|forked|{state}|{exit_code}|2026-12-07T04:59:00|"
+                                     "2026-12-07T05:00:00|2026-12-07T05:00:09|00:00:09|billing=1|nodeb|"
+                                     "slurmhet:1|alice|gpu")
+    return record
+
+
+def test_a_consolidation_cut_off_by_a_fault_keeps_its_job_open_and_one_that_failed_fails_it(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    with db.transaction() as session:
+        for state, exit_code, lost in (("NODE_FAIL", "0:0", True), ("PREEMPTED", "0:15", True),
+                                       ("BOOT_FAIL", "0:0", True), ("FAILED", "1:0", False)):
+            job = _forked(session, "RUNNING")
+            session.flush()
+            sync_jobs(session, [job], SlurmView(accounting=(_sacct("12", state, exit_code),)), tmp_path)
+            assert (lost_consolidation(job) is not None) is lost, state
+            # Cut off: left open for the Job Tracker, which runs it again; its own failure (no copy left a
+            # checkpoint, say) still fails the job.
+            assert job.state is (JobState.RUNNING if lost else JobState.FAILED), state
+
+
+def test_the_tracker_runs_it_again_then_fails_the_job_after_its_last_run(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    with db.transaction() as session:
+        job = _forked(session, "FAILED", "NODE_FAIL")
+        done = _forked(session, "COMPLETED")
+        session.flush()
+        # The Job Tracker does not take a lost round as consolidated (no next round on an unaveraged model).
+        events, actions = job_tracker(session, [job], {str(job.id): 20}, False, None)
+        assert (events, actions) == ([], [])
+        assert lost_rounds(session, [job, done], dry_run=True) == (
+            [], [f"job {job.id} (forked): round 1's consolidation, Slurm job 12, ended NODE_FAIL before it wrote the "
+                 "average (run 1)"], [f"would run round 1's consolidation of job {job.id} again"])
+        again, _, actions = lost_rounds(session, [job, done], dry_run=False)
+        assert (again, actions) == ([job.id], [])
+        for _ in range(CONSOLIDATION_RUNS - 1):  # each run again recorded, each cut off once more
+            add_event(session, job, "consolidated_again", "x", round=1)
+        add_event(session, job, "consolidated_again", "x", round=0)  # an earlier round's runs do not count
+        again, events, actions = lost_rounds(session, [job], dry_run=False)
+        assert again == [] and job.state is JobState.FAILED and job.ended_at == T1
+        assert events[0].endswith(f"(run {CONSOLIDATION_RUNS})") and actions[0].startswith(f"failed job {job.id}")
+        assert "/ckpt/forked" in job.reason
+
+
+class FakeSbatch:
+    def __init__(self, refuse: bool = False) -> None:
+        self.refuse = refuse
+        self.submitted: list[tuple[tuple[str, ...], str]] = []
+
+    def submit(self, options: Sequence[str], script: str) -> str:
+        from slurmhet.slurm.runner import SlurmCommandError
+
+        if self.refuse:
+            raise SlurmCommandError(["sbatch"], 1, "", "sbatch: error: Invalid partition name specified")
+        self.submitted.append((tuple(options), script))
+        return "40"
+
+    def cancel(self, job_ids: Sequence[str]) -> None:
+        raise AssertionError("nothing to cancel")
+
+
+def test_the_dispatcher_runs_the_same_consolidation_again_with_nothing_to_wait_for(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    with db.transaction() as session:
+        job_id = _forked(session, "FAILED", "NODE_FAIL").id
+    settings = Settings(state_dir=tmp_path, database_url="sqlite://")
+    inventory = Inventory((Node("nodea", {"v100": 1}), Node("nodeb", {"t4": 1})))
+    sbatch = FakeSbatch()
+    dispatcher = Dispatcher(db, sbatch, PROFILE, settings, None)  # type: ignore[arg-type]
+    action = dispatcher.consolidate_again(job_id, inventory)
+    assert action == (f"job {job_id} (forked): round 1's consolidation, Slurm job 12, ended NODE_FAIL before it wrote "
+                      "the average; run again as Slurm job 40 on the copies' checkpoints")
+    [(options, script)] = sbatch.submitted
+    assert not [o for o in options if o.startswith("--dependency")]  # the copies are over
+    assert "--partition=gpu-v100,gpu-t4" in options and f"--comment=slurmhet:{job_id}@{db.instance}" in options
+    assert 'for task in 0 1; do' in script and "consolidate --skip-bad" in script and "# Again: a fault" in script
+    with db.snapshot() as session:
+        job = get_job(session, job_id)
+        assert job is not None
+        assert [(p.slurm_job_id, p.role, p.round) for p in job.slurm_jobs][2:] == [("12", "retried", 1),
+                                                                                  ("40", "consolidation", 1)]
+        assert lost_consolidation(job) is None and job.state is JobState.RUNNING
+        (event,) = session.scalars(select(Event).where(Event.kind == "consolidated_again")).all()
+        assert event.data["round"] == 1 and event.data["lost"] == "12"
+    # Refused: nothing retired, the refusal is an event, and the next replan tries again.
+    with db.transaction() as session:
+        job_id = _forked(session, "FAILED", "PREEMPTED").id
+    refusing = Dispatcher(db, FakeSbatch(refuse=True), PROFILE, settings, None)  # type: ignore[arg-type]
+    action = refusing.consolidate_again(job_id, inventory)
+    assert action.startswith(f"job {job_id}: round 1's consolidation not submitted again (")
+    with db.snapshot() as session:
+        job = get_job(session, job_id)
+        assert job is not None and lost_consolidation(job) is not None
+
+
+def test_a_consolidation_run_again_waits_for_nothing_and_a_first_one_must_wait() -> None:
+    common = Common(job_id=7, name="forked", log_dir="/logs")
+    again = ConsolidationRequest(common, ("slurmhet",), "/ckpt", (0, 1), round=2, again=True).materialize()
+    assert not [a for a in again.argv if a.startswith("--dependency")] and "# Again: a fault" in again.script
+    first = ConsolidationRequest(common, ("slurmhet",), "/ckpt", (0, 1), after=("11",), round=2).materialize()
+    assert "--dependency=afterany:11" in first.argv and "Again" not in first.script
