@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -172,5 +173,53 @@ def test_a_node_failing_under_a_forked_copy_leaves_it_out_of_its_round_and_the_j
     assert all("nodec" not in p["nodes"] for p in parts if p["role"] in ("array", "batch") and p is not runs_on_c[0]
                and int(p["id"]) > int(copy["id"])), parts  # later rounds avoid the drained node
     # The job trained exactly its steps: what the copies saved was averaged, nothing counted twice or lost.
+    done = job_steps(read_progress(state_dir / "progress")).get(str(job_id), 0)
+    assert done == FORK_STEPS, (done, events)
+
+
+def test_a_node_failing_under_a_rounds_consolidation_runs_it_again_and_the_job_completes(
+        tmp_path: Path, state_dir: Path, leftovers: list[str]) -> None:
+    """The node fails while round 0's consolidation runs, and Slurm may not requeue it (Requeue=0, as on a site
+    with JobRequeue=0): it ends NODE_FAIL. Before, that failed the whole job for one short CPU step; now replan
+    runs the consolidation again on the copies' checkpoints and the job completes with exactly its steps."""
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    spec = train_spec(tmp_path / "fork.yaml", "forked", FORK_STEPS, 64, "{min: 1, max: 1}", ckpt, "--dataset-size",
+                      "1024", extra="sync: local-sgd\n")
+    env = {"SLURMHET_EMULATE_THROUGHPUT": "1", "SLURMHET_FORK_ROUND_S": FORK_ROUND_S,
+           "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    [out] = json.loads(cli("submit", "--json", str(spec), state=state_dir, env=env).stdout)["jobs"]
+    leftovers.extend(out["slurm_job_ids"])
+    job_id = out["job_id"]
+    parts = status(state_dir, env=env)[job_id]["slurm"]
+    [consolidation] = [p["id"] for p in parts if p["role"] == "consolidation"]
+    assert len([p for p in parts if p["role"] == "array"]) >= 2, parts  # an idle dev cluster: forked
+    subprocess.run(["scontrol", "update", f"JobId={consolidation}", "Requeue=0"], check=True, timeout=30)
+    # The consolidation's last line is a replan; the store's write lock held here keeps that replan waiting
+    # (SQLite's busy timeout, 60 s), so the consolidation is still running when its node fails.
+    store = sqlite3.connect(state_dir / "slurmhet.db", isolation_level=None, timeout=60)
+    try:
+        store.execute("BEGIN IMMEDIATE")
+        deadline = time.monotonic() + 120
+        while not (node := subprocess.run(["squeue", "-h", "-j", consolidation, "-t", "RUNNING", "-o", "%N"],
+                                          capture_output=True, text=True, timeout=30).stdout.strip()):
+            assert time.monotonic() < deadline, "round 0's consolidation did not start"
+            time.sleep(0.2)
+        _node(node, "down")
+    finally:
+        store.rollback()
+        store.close()
+    row, events = _fail_node_and_replan(state_dir, job_id, node, env)
+    assert row["state"] == "COMPLETED", (row, events)
+    assert f"job {job_id} (forked): round 0's consolidation, Slurm job {consolidation}, ended NODE_FAIL before it " \
+        "wrote the average (run 1)" in events, events
+    [again] = [e for e in events if e.startswith(f"job {job_id} (forked): round 0's consolidation, Slurm job "
+                                                 f"{consolidation}, ended NODE_FAIL before it wrote the average; run "
+                                                 "again as Slurm job ")]
+    rerun = again.rsplit("Slurm job ", 1)[1].split()[0]
+    by_id = {p["id"]: p for p in row["slurm"]}
+    assert (by_id[consolidation]["role"], by_id[consolidation]["state"]) == ("retried", "FAILED"), row["slurm"]
+    assert (by_id[rerun]["role"], by_id[rerun]["round"], by_id[rerun]["state"]) == ("consolidation", 0, "COMPLETED")
+    # The job trained exactly its steps: round 0's copies were averaged once, nothing counted twice or lost.
     done = job_steps(read_progress(state_dir / "progress")).get(str(job_id), 0)
     assert done == FORK_STEPS, (done, events)
