@@ -143,8 +143,8 @@ FORK_STEPS = 1000
 FORK_ROUND_S = "16"
 
 
-def test_a_node_failing_under_a_forked_copy_leaves_it_out_of_its_round_and_the_job_completes(
-        tmp_path: Path, state_dir: Path, leftovers: list[str]) -> None:
+def _submit_forked(tmp_path: Path, state_dir: Path, leftovers: list[str]) -> tuple[int, dict[str, str]]:
+    """Submit the forked job of the two tests below (its id, and the environment its CLI calls need)."""
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     spec = train_spec(tmp_path / "fork.yaml", "forked", FORK_STEPS, 64, "{min: 1, max: 1}", ckpt, "--dataset-size",
@@ -153,7 +153,12 @@ def test_a_node_failing_under_a_forked_copy_leaves_it_out_of_its_round_and_the_j
            "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
     [out] = json.loads(cli("submit", "--json", str(spec), state=state_dir, env=env).stdout)["jobs"]
     leftovers.extend(out["slurm_job_ids"])
-    job_id = out["job_id"]
+    return out["job_id"], env
+
+
+def test_a_node_failing_under_a_forked_copy_leaves_it_out_of_its_round_and_the_job_completes(
+        tmp_path: Path, state_dir: Path, leftovers: list[str]) -> None:
+    job_id, env = _submit_forked(tmp_path, state_dir, leftovers)
     copies = [p for p in status(state_dir, env=env)[job_id]["slurm"] if p["role"] == "array"]
     on_k80 = [p for p in copies if p["gpu_type"] == "k80"]
     assert len(copies) >= 2 and len(on_k80) == 1, copies  # an idle dev cluster: a copy on every node
@@ -182,15 +187,7 @@ def test_a_node_failing_under_a_rounds_consolidation_runs_it_again_and_the_job_c
     """The node fails while round 0's consolidation runs, and Slurm may not requeue it (Requeue=0, as on a site
     with JobRequeue=0): it ends NODE_FAIL. Before, that failed the whole job for one short CPU step; now replan
     runs the consolidation again on the copies' checkpoints and the job completes with exactly its steps."""
-    ckpt = tmp_path / "ckpt"
-    ckpt.mkdir()
-    spec = train_spec(tmp_path / "fork.yaml", "forked", FORK_STEPS, 64, "{min: 1, max: 1}", ckpt, "--dataset-size",
-                      "1024", extra="sync: local-sgd\n")
-    env = {"SLURMHET_EMULATE_THROUGHPUT": "1", "SLURMHET_FORK_ROUND_S": FORK_ROUND_S,
-           "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
-    [out] = json.loads(cli("submit", "--json", str(spec), state=state_dir, env=env).stdout)["jobs"]
-    leftovers.extend(out["slurm_job_ids"])
-    job_id = out["job_id"]
+    job_id, env = _submit_forked(tmp_path, state_dir, leftovers)
     parts = status(state_dir, env=env)[job_id]["slurm"]
     [consolidation] = [p["id"] for p in parts if p["role"] == "consolidation"]
     assert len([p for p in parts if p["role"] == "array"]) >= 2, parts  # an idle dev cluster: forked
