@@ -369,7 +369,7 @@ def lost_rounds(session: Session, jobs: Sequence[Job], dry_run: bool) -> tuple[l
         earlier = session.scalars(select(Event).where(Event.job_id == job.id, Event.kind == "consolidated_again"))
         runs = 1 + sum(1 for e in earlier if (e.data or {}).get("round") == part.round)
         cut = f"round {part.round}'s consolidation, Slurm job {part.slurm_job_id}, ended {part.reason}"
-        events.append(f"job {job.id} ({job.name}): {cut} before it wrote the average (run {runs})")
+        events.append(f"job {job.id} ({job.name}): {cut} (run {runs})")
         if runs < CONSOLIDATION_RUNS:
             again.append(job.id)
             if dry_run:

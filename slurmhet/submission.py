@@ -584,7 +584,7 @@ class Dispatcher:
                 if part.slurm_job_id == lost_id and part.role == "consolidation":
                     part.role = "retried"
             ids = shown_ids(rows)
-            note = (f"round {round}'s consolidation, Slurm job {lost_id}, ended {why} before it wrote the average; "
+            note = (f"round {round}'s consolidation, Slurm job {lost_id}, ended {why}; "
                     f"run again as Slurm job {','.join(ids)} on the copies' checkpoints")
             add_event(session, job, "consolidated_again", note, round=round, lost=lost_id, slurm_job_ids=ids)
         return f"job {job_id} ({spec.name}): {note}"

@@ -134,8 +134,8 @@ FAULTS = frozenset({"NODE_FAIL", "PREEMPTED", "BOOT_FAIL"})
 
 
 def lost_consolidation(job: Job) -> SlurmJob | None:
-    """The consolidation part of a forked round that a fault ended before it wrote the average (its node failed
-    or it was preempted, and Slurm did not requeue it: JobRequeue=0, PreemptMode=CANCEL), else None.
+    """The consolidation part of a forked round that a fault ended, perhaps before it wrote the average (its node
+    failed or it was preempted, and Slurm did not requeue it: JobRequeue=0, PreemptMode=CANCEL), else None.
 
     The round's copies are over and their checkpoints are kept, so running it again loses nothing; failing the
     job would lose the whole job to one short CPU step.

@@ -270,7 +270,7 @@ def _forked(job_id: int, spec: JobSpec, launch: Launch, copies: Sequence[Allocat
 def consolidation_request(job_id: int, spec: JobSpec, copy_types: Sequence[str], copies: int, profile: SiteProfile,
                           settings: EmitSettings, round: int, again: bool = False) -> ConsolidationRequest:
     """The consolidation of a round of ``copies`` copies on ``copy_types`` (one per copy); ``again``: its second
-    run, after a fault ended the first before it wrote the average (see ``ConsolidationRequest.again``)."""
+    run, after a fault ended the first, perhaps before it wrote the average (see ``ConsolidationRequest.again``)."""
     # It needs no GPU: it runs in the first of the copies' types' partitions that can start it (Slurm's list of
     # partitions). Pinned to the first copy's alone, it waited for good once that partition's nodes drained
     # after the copies ended (a node Slurm drains for "Kill task failed" across a controller restart).

@@ -425,8 +425,8 @@ class ConsolidationRequest:
     then: tuple[str, ...] = ()
     #: Exported before ``slurmhet consolidate`` (job id and progress dir, so the aggregated steps are recorded).
     env: tuple[tuple[str, str], ...] = ()
-    #: A second run of the round's consolidation after a fault (its node failed, it was preempted) ended the
-    #: first before it wrote the average: the copies are over and their checkpoints kept, so it waits for nothing.
+    #: A second run of the round's consolidation after a fault (its node failed, it was preempted) ended the first,
+    #: perhaps before it wrote the average: the copies are over and their checkpoints kept, so it waits for nothing.
     again: bool = False
 
     def materialize(self) -> Materialized:

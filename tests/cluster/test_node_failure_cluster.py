@@ -208,11 +208,10 @@ def test_a_node_failing_under_a_rounds_consolidation_runs_it_again_and_the_job_c
         store.close()
     row, events = _fail_node_and_replan(state_dir, job_id, node, env)
     assert row["state"] == "COMPLETED", (row, events)
-    assert f"job {job_id} (forked): round 0's consolidation, Slurm job {consolidation}, ended NODE_FAIL before it " \
-        "wrote the average (run 1)" in events, events
+    assert f"job {job_id} (forked): round 0's consolidation, Slurm job {consolidation}, ended NODE_FAIL (run 1)" \
+        in events, events
     [again] = [e for e in events if e.startswith(f"job {job_id} (forked): round 0's consolidation, Slurm job "
-                                                 f"{consolidation}, ended NODE_FAIL before it wrote the average; run "
-                                                 "again as Slurm job ")]
+                                                 f"{consolidation}, ended NODE_FAIL; run again as Slurm job ")]
     rerun = again.rsplit("Slurm job ", 1)[1].split()[0]
     by_id = {p["id"]: p for p in row["slurm"]}
     assert (by_id[consolidation]["role"], by_id[consolidation]["state"]) == ("retried", "FAILED"), row["slurm"]

@@ -74,8 +74,8 @@ def test_the_tracker_runs_it_again_then_fails_the_job_after_its_last_run(tmp_pat
         events, actions = job_tracker(session, [job], {str(job.id): 20}, False, None)
         assert (events, actions) == ([], [])
         assert lost_rounds(session, [job, done], dry_run=True) == (
-            [], [f"job {job.id} (forked): round 1's consolidation, Slurm job 12, ended NODE_FAIL before it wrote the "
-                 "average (run 1)"], [f"would run round 1's consolidation of job {job.id} again"])
+            [], [f"job {job.id} (forked): round 1's consolidation, Slurm job 12, ended NODE_FAIL (run 1)"],
+            [f"would run round 1's consolidation of job {job.id} again"])
         again, _, actions = lost_rounds(session, [job, done], dry_run=False)
         assert (again, actions) == ([job.id], [])
         for _ in range(CONSOLIDATION_RUNS - 1):  # each run again recorded, each cut off once more
@@ -113,8 +113,8 @@ def test_the_dispatcher_runs_the_same_consolidation_again_with_nothing_to_wait_f
     sbatch = FakeSbatch()
     dispatcher = Dispatcher(db, sbatch, PROFILE, settings, None)  # type: ignore[arg-type]
     action = dispatcher.consolidate_again(job_id, inventory)
-    assert action == (f"job {job_id} (forked): round 1's consolidation, Slurm job 12, ended NODE_FAIL before it wrote "
-                      "the average; run again as Slurm job 40 on the copies' checkpoints")
+    assert action == (f"job {job_id} (forked): round 1's consolidation, Slurm job 12, ended NODE_FAIL; run again as "
+                      "Slurm job 40 on the copies' checkpoints")
     [(options, script)] = sbatch.submitted
     assert not [o for o in options if o.startswith("--dependency")]  # the copies are over
     assert "--partition=gpu-v100,gpu-t4" in options and f"--comment=slurmhet:{job_id}@{db.instance}" in options
