@@ -576,13 +576,16 @@ class Dispatcher:
             assert job is not None
             rows = [row for part in outcome.live for row in part.store_rows(job.id)]
             job.slurm_jobs.extend(SlurmJob(**row) for row in rows)
-            if not outcome.ok:
+            if not outcome.ok:  # the reason shows in `slurmhet status` while every replan tries again
+                job.reason = f"round {round}'s consolidation could not be run again: {outcome.message}"
                 add_event(session, job, "submit_failed", f"round {round}'s consolidation again: {outcome.message}",
-                          round=round, maybe_submitted=outcome.maybe_submitted)
+                          round=round, maybe_submitted=outcome.maybe_submitted,  # see sync.adopt_lost_rerun
+                          argv=request.materialize().sbatch_argv())
                 return f"job {job_id}: round {round}'s consolidation not submitted again ({outcome.message})"
             for part in job.slurm_jobs:
                 if part.slurm_job_id == lost_id and part.role == "consolidation":
                     part.role = "retried"
+            job.reason = ""
             ids = shown_ids(rows)
             note = (f"round {round}'s consolidation, Slurm job {lost_id}, ended {why}; "
                     f"run again as Slurm job {','.join(ids)} on the copies' checkpoints")

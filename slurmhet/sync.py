@@ -277,6 +277,47 @@ def adopt_orphans(session: Session, jobs: Sequence[Job], queue: Sequence[QueueRe
     return actions
 
 
+def adopt_lost_rerun(session: Session, jobs: Sequence[Job], queue: Sequence[QueueRecord], store_tag: str,
+                     owner: str) -> list[str]:
+    """Record as its round's consolidation a rerun of a lost one (``lost_consolidation``) that sbatch may have
+    accepted without answering: its refusal says ``maybe_submitted`` and the queue holds a job tagged for it
+    alone that is not on record. Left unrecorded, the next replan would run the round's averaging once more.
+    """
+    actions = []
+    known = {p.slurm_job_id for j in jobs for p in j.slurm_jobs}
+    for job in jobs:
+        lost = lost_consolidation(job)
+        refusal = _last_rerun_event(session, job, lost.round) if lost is not None else None
+        if lost is None or refusal is None or refusal.kind != "submit_failed" \
+                or not (refusal.data or {}).get("maybe_submitted"):
+            continue
+        found = sorted((r for r in queue if is_ours(r.comment, store_tag) and r.user == owner
+                        and tagged_ids(r.comment) == [str(job.id)] and r.root_id not in known
+                        and r.array_job_id is None and r.het_offset is None), key=lambda r: int(r.root_id))
+        if not found:
+            continue
+        record = found[0]
+        lost.role, job.reason = "retried", ""
+        job.slurm_jobs.append(SlurmJob(slurm_job_id=record.root_id, role="consolidation", round=lost.round,
+                                       state=record.state, nodes=record.nodes,
+                                       argv=list((refusal.data or {}).get("argv") or lost.argv)))
+        session.flush()  # ``forked_round`` takes the newest part by id
+        note = (f"round {lost.round}'s consolidation, Slurm job {lost.slurm_job_id}, ended {lost.reason}; "
+                f"its run again, Slurm job {record.root_id}, found by its comment tag")
+        add_event(session, job, "consolidated_again", note, round=lost.round, lost=lost.slurm_job_id,
+                  slurm_job_ids=[record.root_id], adopted=True)
+        actions.append(f"adopted Slurm job {record.root_id} for job {job.id}: {note}")
+    return actions
+
+
+def _last_rerun_event(session: Session, job: Job, round: int) -> Event | None:
+    """The newest attempt to run ``round``'s consolidation again: accepted, or refused."""
+    events = session.scalars(select(Event).where(Event.job_id == job.id,
+                                                 Event.kind.in_(("consolidated_again", "submit_failed")))
+                             .order_by(Event.id.desc()))
+    return next((e for e in events if (e.data or {}).get("round") == round), None)
+
+
 def settle_stopped(session: Session, job: Job, progress_dir: Path) -> bool:
     """A job Slurm calls COMPLETED whose last run checkpointed on a signal and stopped short of its last
     step (``runtime/progress.stopped_short``); True when this decided its state.

@@ -14,13 +14,13 @@ from slurmhet.cluster import Inventory, Node
 from slurmhet.config import Settings
 from slurmhet.emit.requests import Common, ConsolidationRequest
 from slurmhet.replan import CONSOLIDATION_RUNS, job_tracker, lost_rounds
-from slurmhet.slurm.parsers import AccountingRecord, parse_sacct_parsable
+from slurmhet.slurm.parsers import AccountingRecord, QueueRecord, parse_sacct_parsable
 from slurmhet.slurm.profile import SiteProfile
 from slurmhet.spec import load_text
 from slurmhet.store import Database, Job, JobState, SlurmJob, add_event, create_job, get_job
 from slurmhet.store.models import Event
 from slurmhet.submission import Dispatcher
-from slurmhet.sync import SlurmView, lost_consolidation, sync_jobs
+from slurmhet.sync import SlurmView, adopt_lost_rerun, forked_round, lost_consolidation, sync_jobs
 
 SPEC = load_text("name: forked\ncommand: [x]\nworkload: {model: m, batch_size: 2}\nwork: {steps: 30}\n"
                  "sync: local-sgd\ncheckpoint_dir: /ckpt/forked\n", "f.yaml")[0]
@@ -136,6 +136,14 @@ def test_the_dispatcher_runs_the_same_consolidation_again_with_nothing_to_wait_f
     with db.snapshot() as session:
         job = get_job(session, job_id)
         assert job is not None and lost_consolidation(job) is not None
+        assert job.reason == ("round 1's consolidation could not be run again: sbatch: error: Invalid partition "
+                              "name specified")
+    # Accepted at the next replan: the reason goes, as the job runs its round's consolidation again.
+    action = Dispatcher(db, FakeSbatch(), PROFILE, settings, None).consolidate_again(job_id, inventory)  # type: ignore
+    assert action.endswith("run again as Slurm job 40 on the copies' checkpoints")
+    with db.snapshot() as session:
+        job = get_job(session, job_id)
+        assert job is not None and job.reason == "" and lost_consolidation(job) is None
 
 
 def test_a_consolidation_run_again_waits_for_nothing_and_a_first_one_must_wait() -> None:
@@ -144,3 +152,67 @@ def test_a_consolidation_run_again_waits_for_nothing_and_a_first_one_must_wait()
     assert not [a for a in again.argv if a.startswith("--dependency")] and "# Again: a fault" in again.script
     first = ConsolidationRequest(common, ("slurmhet",), "/ckpt", (0, 1), after=("11",), round=2).materialize()
     assert "--dependency=afterany:11" in first.argv and "Again" not in first.script
+
+
+class TimingOutSbatch(FakeSbatch):
+    """sbatch gave no answer and squeue failed too: the rerun may be in Slurm, under an id nobody was told."""
+
+    def submit(self, options: Sequence[str], script: str) -> str:
+        from slurmhet.slurm.runner import SlurmCommandError
+
+        self.submitted.append((tuple(options), script))
+        raise SlurmCommandError(["sbatch"], None, "", "timed out after 30 s")
+
+    def queue(self) -> list[QueueRecord]:
+        from slurmhet.slurm.runner import SlurmCommandError
+
+        raise SlurmCommandError(["squeue"], None, "", "timed out after 30 s")
+
+
+def _queued(job_id: str, tag: str, user: str = "alice", array: str | None = None) -> QueueRecord:
+    return QueueRecord(job_id, None, None, array, 0 if array else None, "forked", "RUNNING", "", tag, user, "nodeb")
+
+
+def test_a_rerun_sbatch_may_have_accepted_is_found_by_its_tag_and_not_run_a_third_time(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    with db.transaction() as session:
+        job_id = _forked(session, "FAILED", "NODE_FAIL").id
+        other_id = _forked(session, "FAILED", "NODE_FAIL").id  # its rerun was refused outright: nothing to find
+    settings = Settings(state_dir=tmp_path, database_url="sqlite://")
+    inventory = Inventory((Node("nodea", {"v100": 1}), Node("nodeb", {"t4": 1})))
+    sbatch = TimingOutSbatch()
+    action = Dispatcher(db, sbatch, PROFILE, settings, None).consolidate_again(job_id, inventory)  # type: ignore
+    assert action.startswith(f"job {job_id}: round 1's consolidation not submitted again (")
+    Dispatcher(db, FakeSbatch(refuse=True), PROFILE, settings, None).consolidate_again(other_id, inventory)  # type: ignore
+    [(options, _)] = sbatch.submitted
+    tag = f"slurmhet:{job_id}@{db.instance}"
+    assert f"--comment={tag}" in options
+    queue = [_queued("41", tag, user="bob"),  # another user's job with the same tag is not ours
+             _queued("43", f"slurmhet:{job_id},{other_id}@{db.instance}"),  # a sweep's tag names several jobs
+             _queued("44", tag, array="44"),  # an array is a round's copies, not its consolidation
+             _queued("12", tag),  # the lost run itself, still listed by squeue: already on record
+             _queued("45", f"slurmhet:{other_id}@{db.instance}"),
+             _queued("42", tag)]
+    with db.transaction() as session:
+        jobs = [get_job(session, job_id), get_job(session, other_id)]
+        actions = adopt_lost_rerun(session, jobs, queue, db.instance, "alice")  # type: ignore[arg-type]
+        job = jobs[0]
+        assert job is not None
+        assert actions == [f"adopted Slurm job 42 for job {job_id}: round 1's consolidation, Slurm job 12, ended "
+                           "NODE_FAIL; its run again, Slurm job 42, found by its comment tag"]
+        assert job.reason == ""  # it said the rerun could not be submitted
+        assert [(p.slurm_job_id, p.role, p.round, p.state) for p in job.slurm_jobs][2:] == [
+            ("12", "retried", 1, "FAILED"), ("42", "consolidation", 1, "RUNNING")]
+        part = forked_round(job)
+        assert part is not None and part.slurm_job_id == "42" and lost_consolidation(job) is None
+        assert "--partition=gpu-v100,gpu-t4" in part.argv and not [a for a in part.argv if "--dependency" in a]
+        # Not run again: this replan runs inside that rerun (its ``then`` step), so the round is consolidated.
+        assert lost_rounds(session, jobs, dry_run=False)[0] == [other_id]  # type: ignore[arg-type]
+        events, actions = job_tracker(session, [job], {str(job_id): 20}, False, "42")
+        assert actions == [f"plan round 2 of job {job_id}: 10 steps left"] and job.state is JobState.PENDING
+        # The adopted run counts as a run of round 1's consolidation, toward CONSOLIDATION_RUNS.
+        runs = session.scalars(select(Event).where(Event.job_id == job_id, Event.kind == "consolidated_again"))
+        assert [(e.data["round"], e.data["adopted"]) for e in runs] == [(1, True)]
+    with db.transaction() as session:  # a second look finds nothing more to adopt
+        jobs = [get_job(session, job_id), get_job(session, other_id)]
+        assert adopt_lost_rerun(session, jobs, queue, db.instance, "alice") == []  # type: ignore[arg-type]
