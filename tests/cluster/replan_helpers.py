@@ -161,6 +161,16 @@ def wait_slurm(slurm_id: str, states: tuple[str, ...], timeout: float = 60) -> s
         time.sleep(0.5)
 
 
+def holding_every_v100(minutes: int, sleep_s: int, leftovers: list[str]) -> tuple[str, float]:
+    """A foreign job on all 4 v100s with a time limit; returns its id and when Slurm will kill it at the latest."""
+    blocker = sbatch_foreign("--gres=gpu:v100:4", "-p", "v100", "-t", str(minutes), "--wrap", f"sleep {sleep_s}")
+    leftovers.append(blocker)
+    wait_slurm(blocker, ("RUNNING",), timeout=90)
+    (record,) = SLURM.queue([blocker])
+    assert record.gpus == (("nodea", "v100", 4),), record
+    return blocker, record.start.timestamp() + minutes * 60  # type: ignore[union-attr]
+
+
 def sacct_rows(slurm_ids: Iterable[str]) -> list[dict[str, str]]:
     """Raw `sacct --parsable2` rows (steps included), parsed here, not by slurmhet."""
     fields = ["JobID", "JobIDRaw", "State", "Elapsed", "AllocTRES", "NodeList", "Comment"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import time
@@ -16,6 +17,7 @@ import pytest
 
 from slurmhet.runtime.progress import job_steps, read_progress
 from tests.cluster.helpers import accounting, cli, status, train_spec
+from tests.cluster.replan_helpers import events as stored_events, holding_every_v100
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster")
 
@@ -184,11 +186,11 @@ def test_a_node_failing_under_a_forked_copy_leaves_it_out_of_its_round_and_the_j
     assert done == FORK_STEPS, (done, events)
 
 
-def test_a_node_failing_under_a_rounds_consolidation_runs_it_again_and_the_job_completes(
-        tmp_path: Path, state_dir: Path, leftovers: list[str]) -> None:
-    """The node fails while round 0's consolidation runs, and Slurm may not requeue it (Requeue=0, as on a site
-    with JobRequeue=0): it ends NODE_FAIL. Before, that failed the whole job for one short CPU step; now replan
-    runs the consolidation again on the copies' checkpoints and the job completes with exactly its steps."""
+def _cut_off_consolidation(tmp_path: Path, state_dir: Path, leftovers: list[str]) -> tuple[int, str, str,
+                                                                                         dict[str, str]]:
+    """Submit the forked job and down the node under round 0's consolidation while it runs, with Requeue=0 on it
+    (as on a site with JobRequeue=0), so that Slurm ends it NODE_FAIL. The job's id, the consolidation's Slurm
+    id, the node, and the environment of the job's CLI calls."""
     job_id, env = _submit_forked(tmp_path, state_dir, leftovers)
     parts = status(state_dir, env=env)[job_id]["slurm"]
     [consolidation] = [p["id"] for p in parts if p["role"] == "consolidation"]
@@ -208,16 +210,119 @@ def test_a_node_failing_under_a_rounds_consolidation_runs_it_again_and_the_job_c
     finally:
         store.rollback()
         store.close()
-    row, events = _fail_node_and_replan(state_dir, job_id, node, env)
-    assert row["state"] == "COMPLETED", (row, events)
+    return job_id, consolidation, node, env
+
+
+def _ran_once_more(state_dir: Path, job_id: int, row: dict[str, Any], consolidation: str, rerun: str,
+                   events: list[str]) -> None:
+    """The lost run is retired, its one run again is the round's consolidation and completed, and the job
+    trained exactly its steps: round 0's copies were averaged once, nothing counted twice or lost."""
     assert f"job {job_id} (forked): round 0's consolidation, Slurm job {consolidation}, ended NODE_FAIL (run 1)" \
         in events, events
-    [again] = [e for e in events if e.startswith(f"job {job_id} (forked): round 0's consolidation, Slurm job "
-                                                 f"{consolidation}, ended NODE_FAIL; run again as Slurm job ")]
-    rerun = again.rsplit("Slurm job ", 1)[1].split()[0]
     by_id = {p["id"]: p for p in row["slurm"]}
     assert (by_id[consolidation]["role"], by_id[consolidation]["state"]) == ("retried", "FAILED"), row["slurm"]
     assert (by_id[rerun]["role"], by_id[rerun]["round"], by_id[rerun]["state"]) == ("consolidation", 0, "COMPLETED")
-    # The job trained exactly its steps: round 0's copies were averaged once, nothing counted twice or lost.
+    assert [(p["role"], p["round"]) for p in row["slurm"]].count(("consolidation", 0)) == 1, row["slurm"]
     done = job_steps(read_progress(state_dir / "progress")).get(str(job_id), 0)
     assert done == FORK_STEPS, (done, events)
+
+
+def test_a_node_failing_under_a_rounds_consolidation_runs_it_again_and_the_job_completes(
+        tmp_path: Path, state_dir: Path, leftovers: list[str]) -> None:
+    """The node fails while round 0's consolidation runs, and Slurm does not requeue it: it ends NODE_FAIL.
+    Before, that failed the whole job for one short CPU step; now replan runs the consolidation again on the
+    copies' checkpoints and the job completes with exactly its steps."""
+    job_id, consolidation, node, env = _cut_off_consolidation(tmp_path, state_dir, leftovers)
+    row, events = _fail_node_and_replan(state_dir, job_id, node, env)
+    assert row["state"] == "COMPLETED", (row, events)
+    [again] = [e for e in events if e.startswith(f"job {job_id} (forked): round 0's consolidation, Slurm job "
+                                                 f"{consolidation}, ended NODE_FAIL; run again as Slurm job ")]
+    _ran_once_more(state_dir, job_id, row, consolidation, again.rsplit("Slurm job ", 1)[1].split()[0], events)
+
+
+def _unanswered_sbatch(bin_dir: Path) -> dict[str, str]:
+    """Stand-ins for sbatch and squeue, first on PATH: the first submission reaches Slurm but its answer never
+    reaches the caller (the runner's timeout, 8 s here, ends the wait), and the caller's next squeue fails too,
+    so slurmhet cannot tell whether the job exists. Every other call is the real command's. The environment
+    that puts them first."""
+    sbatch, squeue = shutil.which("sbatch"), shutil.which("squeue")
+    assert sbatch and squeue
+    mark = bin_dir / "unanswered"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(f"""#!/bin/sh
+case " $* " in *" --parsable "*) ;; *) exec {sbatch} "$@" ;; esac
+[ -e {mark} ] && exec {sbatch} "$@"
+{sbatch} "$@" > /dev/null || exit $?
+echo "$PPID" > {mark}
+exec sleep 120
+""")
+    (bin_dir / "squeue").write_text(f"""#!/bin/sh
+if [ -e {mark} ] && [ ! -e {mark}.squeue ] && [ "$(cat {mark})" = "$PPID" ]; then
+    touch {mark}.squeue
+    echo "squeue: error: slurm_load_jobs error: Socket timed out on send/recv operation" >&2
+    exit 1
+fi
+exec {squeue} "$@"
+""")
+    for name in ("sbatch", "squeue"):
+        (bin_dir / name).chmod(0o755)
+    config = bin_dir / "config.yaml"
+    config.write_text("slurm: {command_timeout_s: 8}\n")
+    return {"PATH": f"{bin_dir}:{REPO / '.venv' / 'bin'}:{os.environ['PATH']}", "SLURMHET_CONFIG": str(config)}
+
+
+def test_a_consolidation_run_again_whose_sbatch_gave_no_answer_is_found_by_its_tag_not_run_a_third_time(
+        tmp_path: Path, state_dir: Path, leftovers: list[str]) -> None:
+    """As above, but sbatch accepts the run again without answering, and the squeue that looks for it fails
+    too. The next replan (or the run's own, as its last line) finds it by its comment tag and records it as the
+    round's consolidation, instead of submitting a third run that would average the copies once more."""
+    job_id, consolidation, node, env = _cut_off_consolidation(tmp_path, state_dir, leftovers)
+    row, events = _fail_node_and_replan(state_dir, job_id, node, {**env, **_unanswered_sbatch(tmp_path / "bin")})
+    assert row["state"] == "COMPLETED", (row, events)
+    assert (tmp_path / "bin" / "unanswered.squeue").exists(), events  # both stand-ins did their part
+    assert f"job {job_id}: round 0's consolidation not submitted again (timed out after 8 s)" in events, events
+    assert not [e for e in events if "; run again as Slurm job " in e], events
+    [(_, _, found)] = stored_events(state_dir, job_id, kind="consolidated_again")  # the one run again, found, not sent
+    assert found.startswith(f"round 0's consolidation, Slurm job {consolidation}, ended NODE_FAIL; its run again, "
+                            "Slurm job ") and found.endswith(", found by its comment tag"), found
+    rerun = found.split("Slurm job ")[2].split(",")[0]
+    _ran_once_more(state_dir, job_id, row, consolidation, rerun, events)
+    # Slurm ran no job of this test that is not on record (earlier tests' jobs have lower ids).
+    recorded = {p["id"] for p in row["slurm"]}
+    ran = {i.split("_")[0] for i in subprocess.run(  # an array task's JobID is <array id>_<task>
+        ["sacct", "-X", "-n", "-P", "-o", "JobID", "-S", "now-1hour", "--name", "forked"], capture_output=True,
+        text=True, timeout=30, check=True).stdout.split()}
+    assert {i for i in ran if int(i) >= min(map(int, recorded))} == recorded, (ran, row["slurm"])
+
+
+def test_a_node_failing_while_another_users_job_holds_the_v100s_restarts_the_job_on_the_idle_k80(
+        tmp_path: Path, state_dir: Path, leftovers: list[str]) -> None:
+    """The same fault on a shared cluster: another user's job holds every V100 for up to 10 minutes. The job
+    starts on the t4 node; that node fails; the re-plan sees the V100s held and restarts it on the idle K80
+    node from its checkpoint. Planned as if the V100s were free, it would wait minutes behind that job."""
+    blocker, _ = holding_every_v100(10, 600, leftovers)
+    ckpt = tmp_path / "ckpt"
+    spec = train_spec(tmp_path / "job.yaml", "shared-train", STEPS, 8, "{min: 1, max: 1, types: [v100, t4, k80]}",
+                      ckpt, "--dataset-size", "480", "--checkpoint-every", str(EVERY))
+    env = {**ENV, "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    [out] = json.loads(cli("submit", "--json", str(spec), state=state_dir, env=env).stdout)["jobs"]
+    leftovers.extend(out["slurm_job_ids"])
+    job_id, (first,) = out["job_id"], out["slurm_job_ids"]
+    assert out["allocation"].startswith("1xt4"), out  # not behind the other user's job on the V100s
+    deadline = time.monotonic() + 120
+    while _steps(state_dir, job_id) < 2 * EVERY + 2:
+        assert time.monotonic() < deadline, status(state_dir)[job_id]
+        time.sleep(0.5)
+    row, events = _fail_node_and_replan(state_dir, job_id, "nodeb", env)
+    assert row["state"] == "COMPLETED" and row["restarts"] == 1, (row, events)
+    assert any(e.startswith(f"node nodeb failed under job {job_id} (shared-train)") for e in events), events
+    runs = sorted({p["id"] for p in row["slurm"]}, key=int)
+    assert len(runs) == 2 and runs[0] == first, row
+    records = {r.id.job: r for r in accounting(runs) if not r.id.is_step}
+    assert records[runs[1]].state == "COMPLETED" and records[runs[1]].gpus_by_type() == {"k80": 1}, records
+    assert records[runs[1]].nodes == "nodec", records
+    log = cli("logs", str(job_id), state=state_dir).stdout + cli("logs", "--stderr", str(job_id), state=state_dir).stdout
+    assert "resuming from" in log, log
+    # The other user's job was left alone throughout.
+    assert subprocess.run(["squeue", "-h", "-j", blocker, "-o", "%T"], capture_output=True, text=True,
+                          timeout=30).stdout.strip() == "RUNNING"

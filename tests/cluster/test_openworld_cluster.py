@@ -24,8 +24,8 @@ import pytest
 from slurmhet.slurm.world import job_prio_threshold, read_world
 from slurmhet.throughput import load_tables
 from tests.cluster.helpers import accounting, cli, job, never_ran, status, user_python, wait_for, write
-from tests.cluster.replan_helpers import (REPO, SLURM, db_snapshot, events, replan, sbatch_foreign,
-                                          scancel, squeue_state, submit, submitted_by, wait_slurm)
+from tests.cluster.replan_helpers import (REPO, SLURM, db_snapshot, events, holding_every_v100, replan,
+                                          sbatch_foreign, scancel, squeue_state, submit, submitted_by, wait_slurm)
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster")
 
@@ -46,18 +46,6 @@ def run_s(steps: int, gpu_type: str) -> float:
 def resnet(name: str, steps: int, types: str, command: list[str] | None = None, extra: str = "") -> str:
     return job(name, command or ["sleep", "1"], f"{{min: 1, max: 1, types: [{types}]}}",
                extra).replace("work: {steps: 10}", f"work: {{steps: {steps}}}")
-
-
-
-
-def holding_every_v100(minutes: int, sleep_s: int, leftovers: list[str]) -> tuple[str, float]:
-    """A foreign job on all 4 v100s with a time limit; returns its id and when Slurm will kill it at the latest."""
-    blocker = sbatch_foreign("--gres=gpu:v100:4", "-p", "v100", "-t", str(minutes), "--wrap", f"sleep {sleep_s}")
-    leftovers.append(blocker)
-    wait_slurm(blocker, ("RUNNING",), timeout=90)
-    (record,) = SLURM.queue([blocker])
-    assert record.gpus == (("nodea", "v100", 4),), record
-    return blocker, record.start.timestamp() + minutes * 60  # type: ignore[union-attr]
 
 
 # --------------------------------------------------------------------------- a foreign job holds every V100
