@@ -38,7 +38,7 @@ from slurmhet.submission import (PLACED, UNPLACED, Candidate, Dispatcher, after_
                                  with_verdicts, foreign_gpu_nodes, next_round, plan_for, render_parts,
                                  stored_allocation, unplaceable)
 from slurmhet.site_table import learned_table, site_table
-from slurmhet.sync import (LIVE_PART_STATES, adopt_lost_rerun, adopt_orphans, ask_slurm, finished_waiting,
+from slurmhet.sync import (LIVE_PART_STATES, adopt_lost_rerun, adopt_orphans, ask_slurm, cut_off, finished_waiting,
                            forked_round, lost_consolidation, settle_finished, sync_jobs)
 from slurmhet.throughput import ThroughputTable, canonical_key
 
@@ -368,7 +368,7 @@ def lost_rounds(session: Session, jobs: Sequence[Job], dry_run: bool) -> tuple[l
             continue  # as consolidated (this replan ran in it, after its average was written)
         earlier = session.scalars(select(Event).where(Event.job_id == job.id, Event.kind == "consolidated_again"))
         runs = 1 + sum(1 for e in earlier if (e.data or {}).get("round") == part.round)
-        cut = f"round {part.round}'s consolidation, Slurm job {part.slurm_job_id}, ended {part.reason}"
+        cut = cut_off(part)
         events.append(f"job {job.id} ({job.name}): {cut} (run {runs})")
         if runs < CONSOLIDATION_RUNS:
             again.append(job.id)

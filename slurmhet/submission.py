@@ -41,7 +41,7 @@ from slurmhet.spec import JobSpec, check_against_cluster, parse_job
 from slurmhet.startup import StartupCosts, learned_startup
 from slurmhet.store import Database, Job, JobState, SlurmJob, add_event, create_job, get_job, list_jobs
 from slurmhet.store.lock import dispatch_lock
-from slurmhet.sync import adopt_orphans, ask_slurm, live_parts, lost_consolidation, sync_jobs
+from slurmhet.sync import adopt_orphans, ask_slurm, cut_off, live_parts, lost_consolidation, ran_again, sync_jobs
 from slurmhet.dependencies import Verdicts, preview_hold, resolve, verdicts
 from slurmhet.site_table import live_table, site_table, with_specs
 from slurmhet.throughput import ThroughputTable
@@ -561,7 +561,7 @@ class Dispatcher:
             if job is None or lost is None:
                 return f"job {job_id}: no lost consolidation to run again"
             spec, forked = parse_job(job.spec, f"store:job {job.id}"), (job.plan or {}).get("forked") or {}
-            lost_id, round, why, argv = lost.slurm_job_id, lost.round, lost.reason, list(lost.argv)
+            lost_id, round, cut, argv = lost.slurm_job_id, lost.round, cut_off(lost), list(lost.argv)
         types = [str(copy[1]) for copy in forked.get("copies") or ()]
         if not types:
             return f"job {job_id}: round {round}'s copies are not on record; its consolidation cannot run again"
@@ -582,14 +582,9 @@ class Dispatcher:
                           round=round, maybe_submitted=outcome.maybe_submitted,  # see sync.adopt_lost_rerun
                           argv=request.materialize().sbatch_argv())
                 return f"job {job_id}: round {round}'s consolidation not submitted again ({outcome.message})"
-            for part in job.slurm_jobs:
-                if part.slurm_job_id == lost_id and part.role == "consolidation":
-                    part.role = "retried"
-            job.reason = ""
             ids = shown_ids(rows)
-            note = (f"round {round}'s consolidation, Slurm job {lost_id}, ended {why}; "
-                    f"run again as Slurm job {','.join(ids)} on the copies' checkpoints")
-            add_event(session, job, "consolidated_again", note, round=round, lost=lost_id, slurm_job_ids=ids)
+            note = f"{cut}; run again as Slurm job {','.join(ids)} on the copies' checkpoints"
+            ran_again(session, job, lost_id, round, ids, note)
         return f"job {job_id} ({spec.name}): {note}"
 
     def _record(self, session: Any, job: Job, spec: JobSpec, outcome: MultiPartOutcome,

@@ -144,6 +144,21 @@ def lost_consolidation(job: Job) -> SlurmJob | None:
     return part if part is not None and part.state == "FAILED" and FAULTS & set(part.reason.split(",")) else None
 
 
+def cut_off(part: SlurmJob) -> str:
+    """How a lost consolidation (``lost_consolidation``) ended, as replan's events and actions say it."""
+    return f"round {part.round}'s consolidation, Slurm job {part.slurm_job_id}, ended {part.reason}"
+
+
+def ran_again(session: Session, job: Job, lost_id: str, round: int, ids: list[str], note: str, **data: Any) -> None:
+    """Record that round ``round``'s lost consolidation, Slurm job ``lost_id``, runs again as ``ids``: the lost
+    part is retired (kept for logs and restarts) and the event counts toward ``replan.CONSOLIDATION_RUNS``."""
+    for part in job.slurm_jobs:
+        if part.slurm_job_id == lost_id and part.role == "consolidation":
+            part.role = "retried"
+    job.reason = ""
+    add_event(session, job, "consolidated_again", note, round=round, lost=lost_id, slurm_job_ids=ids, **data)
+
+
 @dataclass(frozen=True)
 class SlurmView:
     """What Slurm said about some jobs' live parts.
@@ -291,21 +306,17 @@ def adopt_lost_rerun(session: Session, jobs: Sequence[Job], queue: Sequence[Queu
         if lost is None or refusal is None or refusal.kind != "submit_failed" \
                 or not (refusal.data or {}).get("maybe_submitted"):
             continue
-        found = sorted((r for r in queue if is_ours(r.comment, store_tag) and r.user == owner
-                        and tagged_ids(r.comment) == [str(job.id)] and r.root_id not in known
-                        and r.array_job_id is None and r.het_offset is None), key=lambda r: int(r.root_id))
-        if not found:
+        record = min((r for r in queue if is_ours(r.comment, store_tag) and r.user == owner
+                      and tagged_ids(r.comment) == [str(job.id)] and r.root_id not in known
+                      and r.array_job_id is None and r.het_offset is None), key=lambda r: int(r.root_id), default=None)
+        if record is None:
             continue
-        record = found[0]
-        lost.role, job.reason = "retried", ""
+        note = f"{cut_off(lost)}; its run again, Slurm job {record.root_id}, found by its comment tag"
+        ran_again(session, job, lost.slurm_job_id, lost.round, [record.root_id], note, adopted=True)
         job.slurm_jobs.append(SlurmJob(slurm_job_id=record.root_id, role="consolidation", round=lost.round,
                                        state=record.state, nodes=record.nodes,
                                        argv=list((refusal.data or {}).get("argv") or lost.argv)))
         session.flush()  # ``forked_round`` takes the newest part by id
-        note = (f"round {lost.round}'s consolidation, Slurm job {lost.slurm_job_id}, ended {lost.reason}; "
-                f"its run again, Slurm job {record.root_id}, found by its comment tag")
-        add_event(session, job, "consolidated_again", note, round=lost.round, lost=lost.slurm_job_id,
-                  slurm_job_ids=[record.root_id], adopted=True)
         actions.append(f"adopted Slurm job {record.root_id} for job {job.id}: {note}")
     return actions
 
