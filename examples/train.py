@@ -142,11 +142,16 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
             job_id=env.get("SLURMHET_JOB_ID", "local"), slurm_job_id=env.get("SLURM_JOB_ID", "local"), rank=rank,
             gpu_type=gpu_type, node=env.get("SLURMD_NODENAME", ""), steps_done=steps,
             samples_done=sampler.samples_before(steps), samples_per_second=0.0, epoch=steps // sampler.steps_per_epoch,
-            updated_at=0.0, emulated=emulated, start_steps=start_steps))
+            updated_at=0.0, emulated=emulated, start_steps=start_steps,
+            saved_steps=start_steps if rank == 0 else None))  # rank 0 saves; a fault resumes from its last save
 
-    def checkpoint() -> TrainingCheckpoint:
-        return TrainingCheckpoint(model=model.state_dict(), optimizer=optimizer.state_dict(), steps=steps,
-                                  start_steps=start_steps, meta={"model": args.model, "seed": args.seed})
+    def save() -> None:
+        """Rank 0's checkpoint, and its step in the progress record: where the replanner counts from after a fault."""
+        save_checkpoint(checkpoint_dir / own_name, TrainingCheckpoint(
+            model=model.state_dict(), optimizer=optimizer.state_dict(), steps=steps, start_steps=start_steps,
+            meta={"model": args.model, "seed": args.seed}))
+        if reporter is not None:
+            reporter.saved(steps)
 
     stop = StopRequest()
     stop.install()
@@ -171,7 +176,7 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
                 reporter.update(steps_done=steps, samples_done=sampler.samples_before(steps),
                                 epoch=steps // sampler.steps_per_epoch, rank_samples=rank_samples)
             if checkpoint_dir and rank == 0 and args.checkpoint_every and steps % args.checkpoint_every == 0:
-                save_checkpoint(checkpoint_dir / own_name, checkpoint())
+                save()
             if any_rank(stop.requested):
                 stopping = True
                 break
@@ -180,7 +185,7 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
 
     def save_on_stop() -> None:
         if checkpoint_dir:
-            save_checkpoint(checkpoint_dir / own_name, checkpoint())
+            save()
         else:
             print("no checkpoint directory: stopping without a checkpoint", file=sys.stderr)
 
@@ -191,7 +196,7 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
         if rank == 0:
             say(f"stopping after step {steps}: {outcome.reason}; {outcome.detail}")
     elif checkpoint_dir and rank == 0:
-        save_checkpoint(checkpoint_dir / own_name, checkpoint())
+        save()
     if reporter is not None:
         reporter.update(steps_done=steps, samples_done=sampler.samples_before(steps),
                         epoch=steps // sampler.steps_per_epoch, rank_samples=rank_samples, state=state)

@@ -178,7 +178,8 @@ def consolidate(out: str | Path, ckpts: Sequence[str | Path], weights: Sequence[
     if progress_dir is not None and job_id:
         record = ProgressRecord(job_id=job_id, slurm_job_id=slurm_job_id, rank=0, gpu_type=None, node="",
                                 steps_done=total, samples_done=0, samples_per_second=0.0, epoch=0,
-                                updated_at=time.time(), emulated=False, state="done", start_steps=total, exit_code=0)
+                                updated_at=time.time(), emulated=False, state="done", start_steps=total, exit_code=0,
+                                saved_steps=total)
         write_progress(progress_path(Path(progress_dir), job_id, slurm_job_id, 0), record)
     return ConsolidationResult(out=result_path, inputs=paths, weights=norm, round_steps=increments, start_steps=start,
                                steps=total, optimizer_from=paths[keep_from] if optimizer is not None else None)

@@ -3,8 +3,10 @@
 One JSON file per (slurmhet job, Slurm job, rank), written atomically (temporary
 file + rename) so a reader never sees half a record. ``steps_done`` is the job's
 cumulative step count as this run sees it; ``start_steps`` is where the run
-started (the checkpoint it resumed from). Forked copies of one round share
-``start_steps``, which is how ``job_steps`` aggregates their work (HadarE V-B).
+started (the checkpoint it resumed from), and ``saved_steps`` the step of the
+last checkpoint the run saved, where the next run resumes after a fault. Forked
+copies of one round share ``start_steps``, which is how ``job_steps`` aggregates
+their work (HadarE V-B).
 """
 
 from __future__ import annotations
@@ -33,7 +35,10 @@ class ProgressRecord:
     (measured; paced when ``emulated``), i.e. the per-type throughput sample the
     replanner's table wants. ``started_at`` is when this run's reporter began (wall
     clock): the end of its start-up (interpreter, imports, rendezvous, data loading),
-    which the replanner measures from the Slurm job's start.
+    which the replanner measures from the Slurm job's start. ``saved_steps`` is the
+    job's step count in the last checkpoint this run saved (``start_steps`` until it
+    saves one: it resumed from there); None where this rank does not save, or the
+    command does not say (then the steps reached stand in for it).
     """
 
     job_id: str
@@ -51,6 +56,7 @@ class ProgressRecord:
     start_steps: int = 0
     exit_code: int | None = None
     started_at: float | None = None
+    saved_steps: int | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -62,6 +68,8 @@ class ProgressRecord:
         record = cls(**{k: v for k, v in data.items() if k in known})
         if not isinstance(record.rank, int) or not isinstance(record.steps_done, int):
             raise TypeError("rank and steps_done must be integers")
+        if record.saved_steps is not None and (not isinstance(record.saved_steps, int) or record.saved_steps < 0):
+            raise TypeError("saved_steps must be a non-negative integer or null")
         if record.state not in STATES:
             raise ValueError(f"unknown state {record.state!r}")
         return record
@@ -132,31 +140,36 @@ def is_consolidation(record: ProgressRecord) -> bool:
         and record.start_steps == record.steps_done
 
 
-def job_steps(records: Iterable[ProgressRecord]) -> dict[str, int]:
-    """Cumulative steps per slurmhet job.
+def job_steps(records: Iterable[ProgressRecord], *, saved: bool = False) -> dict[str, int]:
+    """Cumulative steps per slurmhet job: the steps its runs reached, or with ``saved`` the steps its checkpoints
+    hold, where a run started after a fault resumes.
 
-    A run (one Slurm job) counts once, at its furthest rank. Runs that started
-    from the same point are forked copies of one round; their increments add up
-    on top of that start. The job's progress is the best such total, counting only
-    runs from its latest consolidation on: the averaged model holds what the round's
-    copies saved, not the steps a copy made after its last checkpoint before its
+    A run (one Slurm job) counts once, at its furthest rank; with ``saved``, at the furthest checkpoint a rank
+    says it saved (its steps reached where no rank says: a command that does not report its saves). Runs that
+    started from the same point are forked copies of one round; their increments add up on top of that start.
+    The job's progress is the best such total, counting only runs from its latest consolidation on: the averaged
+    model holds what the round's copies saved, not the steps a copy made after its last checkpoint before its
     node died (those are lost, and trained again).
     """
     runs: dict[tuple[str, str], ProgressRecord] = {}
+    said: dict[tuple[str, str], int] = {}
     for r in records:
         key = (r.job_id, r.slurm_job_id)
         if key not in runs or r.steps_done > runs[key].steps_done:
             runs[key] = r
+        if r.saved_steps is not None:
+            said[key] = max(said.get(key, 0), min(r.saved_steps, r.steps_done))
     consolidated: dict[str, int] = {}
     for r in runs.values():
         if is_consolidation(r):
             consolidated[r.job_id] = max(consolidated.get(r.job_id, 0), r.steps_done)
     totals: dict[tuple[str, int], int] = {}
-    for r in runs.values():
+    for key, r in runs.items():
         if r.start_steps < consolidated.get(r.job_id, 0):
             continue  # a round already averaged into the consolidation
-        key = (r.job_id, r.start_steps)
-        totals[key] = totals.get(key, r.start_steps) + max(0, r.steps_done - r.start_steps)
+        steps = said.get(key, r.steps_done) if saved else r.steps_done
+        start = (r.job_id, r.start_steps)
+        totals[start] = totals.get(start, r.start_steps) + max(0, steps - r.start_steps)
     best: dict[str, int] = {}
     for (job_id, _), total in totals.items():
         best[job_id] = max(best.get(job_id, 0), total)
@@ -216,6 +229,12 @@ class ProgressReporter:
         if force or state != "running" or now - self._last_write >= self.interval_s:
             write_progress(self.path, self.record)
             self._last_write = now
+
+    def saved(self, steps: int) -> None:
+        """Say the run saved a checkpoint at ``steps``, at once: it is where a run after a fault resumes."""
+        self.record = replace(self.record, saved_steps=steps, updated_at=time.time())
+        write_progress(self.path, self.record)
+        self._last_write = time.monotonic()
 
     def finish(self, state: str, exit_code: int | None = None) -> None:
         self.record = replace(self.record, state=state, exit_code=exit_code, updated_at=time.time())

@@ -268,7 +268,7 @@ def test_preemption_checkpoints_and_requeues(tmp_path: Path) -> None:
     [record] = read_progress(tmp_path / "progress")
     assert (record.state, record.exit_code, record.emulated, record.gpu_type) == ("preempted", 0, True, "k80")
     checkpoint = load_checkpoint(tmp_path / "ckpt" / "checkpoint.pt")
-    assert checkpoint.steps == record.steps_done > 0
+    assert checkpoint.steps == record.steps_done == record.saved_steps > 0  # the save on the signal, reported
     assert calls.read_text().split() == [*ASKED, "requeue", "9800"]
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -92,6 +93,42 @@ def test_job_steps_after_a_consolidation_count_what_it_averaged_not_a_lost_copys
     # The next round's copies count on top of the consolidation.
     assert job_steps([*records, _record("fork", "300", 0, 41, start=35), _record("fork", "301", 0, 38, start=35)]) \
         == {"fork": 44}
+
+
+def test_job_steps_saved_counts_each_runs_last_checkpoint_where_a_rank_says_it() -> None:
+    """After a fault the next run resumes from the last checkpoint: rank 0 saved at 35 (rank 1 does not save and
+    says nothing); a command that does not report its saves is taken at the step it reached; a run that saved
+    nothing says its start. Forked copies add what they saved; a consolidation holds what it averaged."""
+    def saving(job: str, slurm: str, rank: int, steps: int, saved: int | None, start: int = 0) -> ProgressRecord:
+        return replace(_record(job, slurm, rank, steps, start=start), saved_steps=saved)
+
+    records = [saving("gang", "100", 0, 37, 35), saving("gang", "100", 1, 38, None),
+               _record("silent", "200", 0, 23),  # an older record, or a command that does not say
+               saving("scratch", "300", 0, 50, 0),  # no checkpoint directory: it starts over
+               saving("fork", "400", 0, 25, 24, start=20), saving("fork", "401", 0, 29, 26, start=20),
+               saving("late", "500", 0, 40, 90)]  # a count past the steps reached is held to them
+    assert job_steps(records) == {"gang": 38, "silent": 23, "scratch": 50, "fork": 34, "late": 40}
+    assert job_steps(records, saved=True) == {"gang": 35, "silent": 23, "scratch": 0, "fork": 30, "late": 40}
+    consolidation = replace(_record("fork", "402", 0, 30, start=30, state="done"), gpu_type=None, node="",
+                            exit_code=0, saved_steps=30)
+    assert job_steps([*records, consolidation], saved=True)["fork"] == 30
+
+
+def test_a_saved_step_is_written_at_once_and_garbage_there_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "p.json"
+    reporter = ProgressReporter(path, replace(_record("5", "900", 0, 0), saved_steps=0), interval_s=3600)
+    reporter.update(steps_done=1, samples_done=64, epoch=0, rank_samples=32)
+    reporter.update(steps_done=2, samples_done=128, epoch=0, rank_samples=64)  # throttled: not written
+    reporter.saved(2)
+    [record] = read_progress(tmp_path)
+    assert (record.steps_done, record.saved_steps) == (2, 2)
+    for bad in ("-1", '"7"', "1.5"):
+        path.write_text(record.to_json().replace('"saved_steps": 2', f'"saved_steps": {bad}'))
+        assert read_progress(tmp_path) == []
+    older = json.loads(record.to_json())
+    del older["saved_steps"]  # a record written before the field existed
+    path.write_text(json.dumps(older))
+    assert read_progress(tmp_path)[0].saved_steps is None
 
 
 def test_reporter_throttles_but_always_writes_state_changes(tmp_path: Path) -> None:
