@@ -131,15 +131,19 @@ def fold_progress(session: Session, records: Sequence[ProgressRecord], workloads
     return table, events
 
 
-def with_progress(job: Job, steps: dict[str, int]) -> Candidate | None:
-    """The job as the planner sees it, with the steps its runs reached (``steps``: ``job_steps``).
+def with_progress(job: Job, reached: dict[str, int], saved: dict[str, int]) -> Candidate | None:
+    """The job as the planner sees it, with its work done: the steps its live run reached, or for a job waiting
+    for a run the steps its checkpoints hold, where that run resumes (``reached``/``saved``: ``job_steps``).
 
+    A job whose run lost its work since the last checkpoint (a node failure, a preemption) is planned with that
+    work left to do again; one whose command saves nothing is planned from its start.
     A job with a live run that reached every step is left for the sync to close when the run ends. A job
-    waiting for a run is planned even then, with its last step left: its run reached every step but never
-    said it finished (``finished_waiting`` finds one that did), killed as it saved or exited, say,
+    waiting for a run is planned even then, with its last step left: its run saved every step but never
+    said it finished (``finished_waiting`` finds one that did), killed as it exited, say,
     with its node failing under it. It runs again from its checkpoint and redoes at most the work since.
     """
     base = candidate_of(job)
+    steps = reached if job.state is JobState.RUNNING else saved
     done = steps.get(str(job.id), 0) * base.spec.global_batch
     if done >= base.spec.total_samples:
         if job.state not in UNPLACED:
@@ -433,7 +437,7 @@ class Replanner:
                                       f"command had finished all {total} steps before it was re-planned")
                 if not dry_run:
                     settle_finished(session, job, total, done_at)
-            steps = job_steps(records)
+            steps, saved = job_steps(records), job_steps(records, saved=True)
             # Forked jobs whose round ended: the sync leaves them open for the Job Tracker.
             forked = [j for j in mine if forked_round(j) is not None]
             tracked_events, tracked_actions = job_tracker(session, forked, steps, dry_run,
@@ -455,7 +459,7 @@ class Replanner:
                 result.actions += cancel_doomed(session, mine, mine_doomed, self.client.cancel)
             live_jobs = [j for j in live_jobs if not j.state.final and j.id not in mine_doomed]
             candidates = [c if c is None else with_verdicts(c, found)
-                          for c in (with_progress(j, steps) for j in live_jobs)]
+                          for c in (with_progress(j, steps, saved) for j in live_jobs)]
             retry_capped = {j.id for j in mine if j.state is JobState.SUBMIT_FAILED and j.attempts >= MAX_SUBMIT_ATTEMPTS}
         if owed and not dry_run:
             self._cancel(owed)

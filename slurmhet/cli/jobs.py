@@ -296,9 +296,13 @@ def explain(obj: Context, job_id: int, as_json: bool) -> None:
     world = read_world(obj.client, user)
     context = _WaitContext.of(obj, world, user)
     inventory = world.inventory
-    # A finished job is explained as its whole work would be planned now; a live one from where it stands.
-    done = 0 if job.state.final else \
-        job_steps(read_progress(obj.settings.progress_dir)).get(str(job_id), 0) * spec.global_batch
+    # A finished job is explained as its whole work would be planned now; a running one from the step it reached,
+    # one waiting for a run from its last checkpoint, as replan plans them.
+    done = 0
+    if not job.state.final:
+        steps = job_steps(read_progress(obj.settings.progress_dir, str(job_id)),
+                          saved=job.state is not JobState.RUNNING)
+        done = steps.get(str(job_id), 0) * spec.global_batch
     with obj.db.snapshot() as session:  # the start-up it pays before its first step, as the plan charges it
         startup = learned_startup(session).for_spec(spec)[0] if job.started_at is None or job.state.final else 0.0
     plan_job = plan_job_from_spec(str(job.id), spec, job.created_at.timestamp(),

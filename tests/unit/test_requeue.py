@@ -5,6 +5,7 @@ the job (store rules and pure functions, no Slurm)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -245,6 +246,27 @@ def _record(job: Job, steps: int, state: str, code: int | None, at: float = 1000
                           emulated=True, state=state, exit_code=code)
 
 
+def test_a_job_waiting_for_a_run_is_planned_from_its_last_checkpoint_and_a_running_one_from_its_step(
+        tmp_path: Path) -> None:
+    """A node failed after step 2 of 3 with the checkpoint at step 1: the next run resumes at 1 and trains 2 more
+    steps, which the plan must count (it counted 1). A command with no checkpoint starts over: all 3. A job whose
+    run goes on is planned from the step it reached, as before; Slurm requeueing it makes it wait for a run."""
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    with db.transaction() as session:
+        waiting = _job(session, JobState.PENDING, SlurmJob(slurm_job_id="70", role="superseded", state="NODE_FAIL"))
+        requeued = _job(session, JobState.SUBMITTED, SlurmJob(slurm_job_id="71", role="batch", state="PENDING"))
+        running = _job(session, JobState.RUNNING, SlurmJob(slurm_job_id="72", role="batch", state="RUNNING"))
+        scratch = _job(session, JobState.PENDING, SlurmJob(slurm_job_id="73", role="superseded", state="NODE_FAIL"))
+        session.flush()
+        records = [replace(_record(job, 2, "running", None), slurm_job_id=str(70 + i), saved_steps=1)
+                   for i, job in enumerate((waiting, requeued, running))]
+        records.append(replace(_record(scratch, 2, "running", None), slurm_job_id="73", saved_steps=0))
+        steps, saved = job_steps(records), job_steps(records, saved=True)
+        planned = {job.id: with_progress(job, steps, saved) for job in (waiting, requeued, running, scratch)}
+        assert {i: c.samples_done if c else None for i, c in planned.items()} == {
+            waiting.id: 2.0, requeued.id: 2.0, running.id: 4.0, scratch.id: 0.0}  # 2 samples a step
+
+
 def test_a_job_re_planned_after_its_run_reached_every_step_runs_again_unless_it_said_it_finished(
         tmp_path: Path) -> None:
     """A node failed as a het job's run reached its last step (found on 24.11 under load): the ranks were killed
@@ -260,10 +282,10 @@ def test_a_job_re_planned_after_its_run_reached_every_step_runs_again_unless_it_
         session.flush()
         records = [_record(killed, 3, "failed", 143), _record(said, 3, "done", 0, at=1500.0),
                    _record(said, 2, "running", None), _record(live, 3, "running", None)]
-        steps = job_steps(records)
-        again = with_progress(killed, steps)
+        steps, saved = job_steps(records), job_steps(records, saved=True)
+        again = with_progress(killed, steps, saved)
         assert again is not None and again.samples_done == 4.0  # 2 of 3 steps of 2 samples: one step left
-        assert with_progress(live, steps) is None  # its run ends on its own; the sync closes it
+        assert with_progress(live, steps, saved) is None  # its run ends on its own; the sync closes it
         assert [(j.id, total, at) for j, total, at in finished_waiting([killed, said, live], records)] == [
             (said.id, 3, 1500.0)]
         settle_finished(session, said, 3, 1500.0)
