@@ -37,10 +37,18 @@ class SlurmCommandError(SystemFailure):
         super().__init__(self.describe())
 
     @property
+    def words(self) -> str:
+        """What the command said, one line: stderr, else stdout, except a timed-out command's stdout (an sbatch
+        cut off after it printed its id did not fail for that)."""
+        text = self.stderr or ("" if self.timed_out else self.stdout)
+        return " ".join(line.strip() for line in text.splitlines() if line.strip())
+
+    @property
     def message(self) -> str:
-        """Slurm's own words, one line: what to store as the reason."""
-        text = (self.stderr or self.stdout or self.note).strip().splitlines()
-        return " ".join(line.strip() for line in text if line.strip()) or self.note or f"exit code {self.returncode}"
+        """Slurm's own words, one line, what to store as the reason; a timeout says so first."""
+        if self.timed_out:
+            return f"{self.note}: {self.words}" if self.words else self.note
+        return self.words or self.note or f"exit code {self.returncode}"
 
     @property
     def timed_out(self) -> bool:
@@ -48,7 +56,7 @@ class SlurmCommandError(SystemFailure):
 
     def describe(self) -> str:
         how = self.note or f"exit code {self.returncode}"
-        return f"{self.argv[0] if self.argv else '?'} failed ({how}): {self.message}"
+        return f"{self.argv[0] if self.argv else '?'} failed ({how})" + (f": {self.words}" if self.words else "")
 
 
 @dataclass(frozen=True)

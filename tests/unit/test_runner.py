@@ -22,7 +22,14 @@ def test_timeout_and_missing_program() -> None:
     runner = SubprocessRunner(timeout=0.2)
     with pytest.raises(SlurmCommandError) as info:
         runner.run(["sleep", "5"])
-    assert info.value.timed_out and "timed out after 0.2 s" in str(info.value)
+    assert info.value.timed_out and str(info.value) == "sleep failed (timed out after 0.2 s)"
+    slow = SubprocessRunner(timeout=2)  # time for bash to start and speak on a loaded machine
+    with pytest.raises(SlurmCommandError) as info:  # an sbatch cut off after it printed its id
+        slow.run(["bash", "-c", "echo 'Submitted batch job 81'; sleep 30"])
+    assert info.value.message == "timed out after 2 s" and "81" in info.value.stdout
+    with pytest.raises(SlurmCommandError) as info:
+        slow.run(["bash", "-c", "echo 'sbatch: error: Socket timed out on send/recv operation' >&2; sleep 30"])
+    assert info.value.message == "timed out after 2 s: sbatch: error: Socket timed out on send/recv operation"
     with pytest.raises(SlurmCommandError, match="not found"):
         runner.run(["no-such-slurm-command-xyz"])
 
