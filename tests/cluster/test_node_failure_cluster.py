@@ -34,6 +34,18 @@ def _steps(state_dir: Path, job_id: int) -> int:
     return max((r.steps_done for r in read_progress(state_dir / "progress") if r.job_id == str(job_id)), default=0)
 
 
+def _resumed_from(state_dir: Path, job_id: int, failed: str) -> int:
+    """The step the restart resumed at, from its log; the failed run ``failed``'s progress record said it (rank 0
+    saves), which is the step replan planned the restart's work from."""
+    log = cli("logs", str(job_id), state=state_dir).stdout + cli("logs", "--stderr", str(job_id), state=state_dir).stdout
+    resumed = [line for line in log.splitlines() if "resuming from" in line]
+    assert resumed, log
+    at = int(resumed[-1].rsplit("at step ", 1)[1].split()[0].rstrip(":,."))
+    said = [r.saved_steps for r in read_progress(state_dir / "progress") if r.slurm_job_id == failed]
+    assert [s for s in said if s is not None] == [at], (said, at)
+    return at
+
+
 def _node(name: str, state: str) -> None:
     subprocess.run(["scontrol", "update", f"nodename={name}", f"state={state}", "reason=slurmhet node-failure test"],
                    check=True, timeout=30)
@@ -95,12 +107,9 @@ def test_a_node_failing_under_a_het_job_restarts_it_whole_from_its_checkpoint(tm
     assert end_of_first is not None and start_of_second is not None and end_of_first <= start_of_second, records
     assert records[runs[1]].state == "COMPLETED", records
 
-    # It resumed from its last checkpoint: at most one checkpoint interval of work lost.
-    log = cli("logs", str(job_id), state=state_dir).stdout + cli("logs", "--stderr", str(job_id), state=state_dir).stdout
-    resumed = [line for line in log.splitlines() if "resuming from" in line]
-    assert resumed, log
-    at = int(resumed[-1].rsplit("at step ", 1)[1].split()[0].rstrip(":,."))
-    # The last checkpoint: a periodic one, or the one written on the kill signal the node's jobs got.
+    # It resumed from its last checkpoint: at most one checkpoint interval of work lost. The last checkpoint: a
+    # periodic one, or the one written on the kill signal the node's jobs got.
+    at = _resumed_from(state_dir, job_id, first)
     assert seen - EVERY <= at < STEPS, (seen, at)
     assert row["restarts"] == 1, row
     report = json.loads(cli("report", "--json", state=state_dir).stdout)
@@ -321,8 +330,7 @@ def test_a_node_failing_while_another_users_job_holds_the_v100s_restarts_the_job
     records = {r.id.job: r for r in accounting(runs) if not r.id.is_step}
     assert records[runs[1]].state == "COMPLETED" and records[runs[1]].gpus_by_type() == {"k80": 1}, records
     assert records[runs[1]].nodes == "nodec", records
-    log = cli("logs", str(job_id), state=state_dir).stdout + cli("logs", "--stderr", str(job_id), state=state_dir).stdout
-    assert "resuming from" in log, log
+    assert 0 < _resumed_from(state_dir, job_id, first) < STEPS
     # The other user's job was left alone throughout.
     assert subprocess.run(["squeue", "-h", "-j", blocker, "-o", "%T"], capture_output=True, text=True,
                           timeout=30).stdout.strip() == "RUNNING"
