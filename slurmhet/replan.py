@@ -38,8 +38,8 @@ from slurmhet.submission import (PLACED, UNPLACED, Candidate, Dispatcher, after_
                                  with_verdicts, foreign_gpu_nodes, next_round, plan_for, render_parts,
                                  stored_allocation, unplaceable)
 from slurmhet.site_table import learned_table, site_table
-from slurmhet.sync import (LIVE_PART_STATES, adopt_lost_rerun, adopt_orphans, ask_slurm, cut_off, finished_waiting,
-                           forked_round, lost_consolidation, settle_finished, sync_jobs)
+from slurmhet.sync import (LIVE_PART_STATES, adopt_ended, adopt_lost_rerun, adopt_orphans, ask_slurm, cut_off,
+                           finished_waiting, forked_round, lost_consolidation, settle_finished, sync_jobs)
 from slurmhet.throughput import ThroughputTable, canonical_key
 
 #: A refused job is retried this many times, then left SUBMIT_FAILED for a person to look at.
@@ -405,13 +405,16 @@ class Replanner:
         result = ReplanResult()
         inventory = Inventory(tuple(self.client.nodes()))
         now = datetime.now(timezone.utc).timestamp()
-        view, queue = ask_slurm(self.db, self.client, UNPLACED + PLACED)
+        answers = ask_slurm(self.db, self.client, UNPLACED + PLACED, self.owner)
+        view, queue = answers.view, answers.queue
         records = read_progress(self.settings.progress_dir)
         with self.db.transaction() as session:
             jobs = list_jobs(session, states=UNPLACED + PLACED)
             sync_jobs(session, jobs, view, self.settings.progress_dir)
             mine = [j for j in jobs if j.owner == self.owner]
             result.actions += adopt_orphans(session, mine, queue, self.db.instance, self.owner)
+            result.actions += adopt_ended(session, mine, answers.ended, self.db.instance, self.owner,
+                                          self.settings.progress_dir)
             result.actions += adopt_lost_rerun(session, mine, queue, self.db.instance, self.owner)
             # A forked job's round ending is the Job Tracker's to judge (next round, or done): see job_tracker.
             result.events += [f"job {j.id} ({j.name}) ended {j.state.value}" for j in jobs

@@ -41,7 +41,8 @@ from slurmhet.spec import JobSpec, check_against_cluster, parse_job
 from slurmhet.startup import StartupCosts, learned_startup
 from slurmhet.store import Database, Job, JobState, SlurmJob, add_event, create_job, get_job, list_jobs
 from slurmhet.store.lock import dispatch_lock
-from slurmhet.sync import adopt_orphans, ask_slurm, cut_off, live_parts, lost_consolidation, ran_again, sync_jobs
+from slurmhet.sync import (adopt_ended, adopt_orphans, ask_slurm, clear_dispatching, cut_off, live_parts,
+                           lost_consolidation, mark_dispatching, ran_again, sync_jobs)
 from slurmhet.dependencies import Verdicts, preview_hold, resolve, verdicts
 from slurmhet.site_table import live_table, site_table, with_specs
 from slurmhet.throughput import ThroughputTable
@@ -534,6 +535,8 @@ class Dispatcher:
         first = dispatch.job_ids[0]
         if not dispatch.parts:
             return [self._submit_entrypoint(first, dispatch.specs[0], plan.job(str(first)), dispatch.after_ok)]
+        with self.db.transaction() as session:  # committed before sbatch runs: see sync.DISPATCHING
+            mark_dispatching(session, dispatch.job_ids)
         outcome = MultiPartSubmitter(self.client).submit(dispatch.parts)
         with self.db.transaction() as session:
             results = []
@@ -594,6 +597,7 @@ class Dispatcher:
             job.slurm_jobs.append(SlurmJob(**row))
         ids = shown_ids(rows)
         job.attempts += 1
+        clear_dispatching(session, job)
         if outcome.ok:
             job.state, job.reason = JobState.SUBMITTED, ""
             add_event(session, job, "submitted", "Slurm job(s) " + ",".join(ids), slurm_job_ids=ids,
@@ -630,6 +634,8 @@ class Dispatcher:
             additional_parameters={**({"nodelist": nodelist} if nodelist else {}),
                                    **({"dependency": "afterok:" + ":".join(after_ok)} if after_ok else {}), **extra},
         )
+        with self.db.transaction() as session:  # committed before sbatch runs: see sync.DISPATCHING
+            mark_dispatching(session, [job_id])
         try:  # sbatch runs outside the write transaction; a crash in between leaves an orphan that sync adopts
             handle = executor.submit(call_entrypoint, spec.entrypoint, list(spec.args), os.getcwd())
         except SlurmCommandError as exc:
@@ -637,6 +643,7 @@ class Dispatcher:
                 job = get_job(session, job_id)
                 assert job is not None
                 job.attempts += 1
+                clear_dispatching(session, job)
                 job.state, job.reason = JobState.SUBMIT_FAILED, exc.message
                 add_event(session, job, "submit_failed", exc.message, argv=exc.argv)
             return Outcome(job_id, spec.name, "SUBMIT_FAILED", [], describe(job_plan.allocation), exc.message)
@@ -645,6 +652,7 @@ class Dispatcher:
             job = get_job(session, job_id)
             assert job is not None
             job.attempts += 1
+            clear_dispatching(session, job)
             job.state, job.reason = JobState.SUBMITTED, ""
             job.slurm_jobs.append(SlurmJob(slurm_job_id=slurm_id, role="batch", gpu_type=gpu_type,
                                            gpu_count=per_node * len(slots), nodes=nodelist,
@@ -698,12 +706,15 @@ def submit_new(db: Database | None, dispatcher_args: tuple[SlurmClient, SiteProf
         # Re-read under the lock (a concurrent submit or replan may have placed jobs meanwhile),
         # and refresh from Slurm so finished jobs no longer hold GPUs in the plan. Slurm is asked
         # before the write transaction, so other commands are not kept waiting for the store.
-        view, queue = ask_slurm(db, client, UNPLACED + PLACED)
+        answers = ask_slurm(db, client, UNPLACED + PLACED, owner)
+        view, queue = answers.view, answers.queue
         shared = shared.with_queue(queue, db.instance, now)
         with db.transaction() as session:
             jobs = list_jobs(session, states=UNPLACED + PLACED)
             sync_jobs(session, jobs, view, settings.progress_dir)
             adopt_orphans(session, [j for j in jobs if j.owner == owner], queue, db.instance, owner)
+            adopt_ended(session, [j for j in jobs if j.owner == owner], answers.ended, db.instance, owner,
+                        settings.progress_dir)
             found = dependency_verdicts(session, jobs)
             cancel_doomed(session, [j for j in jobs if j.owner == owner], found.doomed, client.cancel)
             # A concurrent submit or replan may already have placed some of our new jobs: they are now

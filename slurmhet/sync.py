@@ -7,11 +7,11 @@ which lags squeue, so a part missing from both keeps its state until next time.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from sqlalchemy import select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from slurmhet.slurm.client import SlurmClient
@@ -205,12 +205,77 @@ def fetch_view(client: SlurmClient, jobs: Sequence[Job]) -> SlurmView:
     return SlurmView(tuple(queue), tuple(client.accounting(missing)) if missing else ())
 
 
-def ask_slurm(db: Database, client: SlurmClient, states: Sequence[JobState]) -> tuple[SlurmView, list[QueueRecord]]:
-    """The view of the stored jobs in ``states`` and the whole queue (for :func:`adopt_orphans`), asked
-    through a read-only snapshot, so the store's write lock is not held while Slurm answers."""
+#: The event a dispatch writes before its sbatch runs and deletes with its outcome's record. One left on an unplaced
+#: job marks a dispatch cut off in between (killed, the store gone): its Slurm job may exist under no record.
+DISPATCHING = "dispatching"
+#: How much earlier than a cut-off dispatch's mark sacct is asked from: the store's clock and slurmctld's may differ.
+CLOCK_SLACK = timedelta(minutes=5)
+
+
+def mark_dispatching(session: Session, job_ids: Iterable[int]) -> None:
+    """Say, in its own transaction before sbatch runs, that the jobs are being dispatched (:data:`DISPATCHING`)."""
+    session.add_all(Event(job_id=i, kind=DISPATCHING, message="sbatch runs for it; cut off, a replan adopts its job",
+                          data={}) for i in job_ids)
+
+
+def clear_dispatching(session: Session, job: Job) -> None:
+    """The dispatch's outcome is on record (or its Slurm job adopted, or none found): no mark is left."""
+    session.execute(delete(Event).where(Event.job_id == job.id, Event.kind == DISPATCHING))
+
+
+def cut_off_since(session: Session, owner: str) -> datetime | None:
+    """When the oldest cut-off dispatch of ``owner``'s unplaced jobs began, or None when there is none."""
+    return session.scalar(select(func.min(Event.at)).join(Job, Event.job_id == Job.id).where(
+        Event.kind == DISPATCHING, Job.owner == owner, Job.state.in_((JobState.PENDING, JobState.SUBMIT_FAILED))))
+
+
+@dataclass(frozen=True)
+class SlurmAnswers:
+    """What one command asks Slurm before its write transaction: the stored jobs' view, the whole queue (for
+    :func:`adopt_orphans`), and, where a dispatch was cut off, the owner's jobs sacct has since then that the
+    queue no longer lists (None: not asked, as no dispatch was cut off)."""
+
+    view: SlurmView
+    queue: list[QueueRecord]
+    ended: list[AccountingRecord] | None = None
+
+
+def ask_slurm(db: Database, client: SlurmClient, states: Sequence[JobState], owner: str) -> SlurmAnswers:
+    """Slurm's answers for a sync, asked through a read-only snapshot, so the store's write lock is not held
+    while Slurm answers. A cut-off dispatch's Slurm job may have ended and left the queue (MinJobAge) before any
+    replan looked: sacct still has it, so it is adopted, not run a second time."""
     with db.snapshot() as session:
         view = fetch_view(client, list_jobs(session, states=states))
-    return view, client.queue()
+        since = cut_off_since(session, owner)
+    queue = client.queue()
+    if since is None:
+        return SlurmAnswers(view, queue)
+    listed = {r.root_id for r in queue}
+    ended = [r for r in client.accounting(since=since - CLOCK_SLACK, user=owner)
+             if not r.id.is_step and r.id.job not in listed]
+    return SlurmAnswers(view, queue, ended)
+
+
+def adopt_ended(session: Session, jobs: Sequence[Job], ended: Sequence[AccountingRecord] | None, store_tag: str,
+                owner: str, progress_dir: Path) -> list[str]:
+    """:func:`adopt_orphans` for Slurm jobs of cut-off dispatches that only sacct still lists (``ended``: see
+    :class:`SlurmAnswers`), each job then settled from its record; the other cut-off dispatches' marks go, as
+    neither squeue nor sacct has a job for them (sbatch did not accept it)."""
+    if ended is None:
+        return []
+    records = [QueueRecord(r.raw_id, r.id.job if r.id.het_offset is not None else None, r.id.het_offset,
+                           r.id.job if r.id.array_task is not None else None, r.id.array_task, r.name, r.state, "",
+                           r.comment, r.user, r.nodes, r.submit, r.start, r.end, exit_code=r.exit_code)
+               for r in ended]
+    unplaced = (JobState.PENDING, JobState.SUBMIT_FAILED)
+    waiting = [j for j in jobs if j.state in unplaced]
+    actions = adopt_orphans(session, jobs, records, store_tag, owner)
+    sync_jobs(session, [j for j in waiting if j.state not in unplaced], SlurmView(accounting=tuple(ended)),
+              progress_dir)
+    for job in waiting:
+        if job.state in unplaced:
+            clear_dispatching(session, job)
+    return actions
 
 
 def sync_jobs(session: Session, jobs: list[Job], view: SlurmView, progress_dir: Path) -> int:
@@ -281,15 +346,28 @@ def adopt_orphans(session: Session, jobs: Sequence[Job], queue: Sequence[QueueRe
         sweep = len(text_ids) > 1 and record.array_job_id is not None
         for task, text_id in enumerate(text_ids):
             job = by_id.get(int(text_id)) if text_id.isdigit() else None
-            if job is None:
+            if job is None or record.root_id in _withdrawn(session, job):
                 continue
-            job.slurm_jobs.append(SlurmJob(slurm_job_id=record.root_id, role="sweep" if sweep else "adopted",
-                                           state=record.state, het_offset=record.het_offset,
-                                           array_task=task if sweep else record.array_task, nodes=record.nodes))
+            part = SlurmJob(slurm_job_id=record.root_id, role="sweep" if sweep else "adopted", state=record.state,
+                            het_offset=record.het_offset, array_task=task if sweep else record.array_task,
+                            nodes=record.nodes)
+            ended = record.state in FINAL_PART_STATES  # only sacct still lists it: see adopt_ended
+            if ended:
+                part.exit_code, part.started_at, part.ended_at = record.exit_code or None, record.start, record.end
+            job.slurm_jobs.append(part)
             job.state, job.reason = JobState.SUBMITTED, ""
-            add_event(session, job, "adopted", f"Slurm job {record.root_id} found by its comment tag")
+            clear_dispatching(session, job)
+            add_event(session, job, "adopted", f"Slurm job {record.root_id} found by its comment tag"
+                      + (f", ended {record.state}" if ended else ""))
             actions.append(f"adopted Slurm job {record.root_id} for job {job.id}")
     return actions
+
+
+def _withdrawn(session: Session, job: Job) -> set[str]:
+    """Slurm jobs a refused dispatch of ``job`` submitted, then cancelled (a multi-part request whose later part
+    sbatch refused; its ``submit_failed`` events say which): tagged and not on record, yet no orphans."""
+    refusals = session.scalars(select(Event).where(Event.job_id == job.id, Event.kind == "submit_failed"))
+    return {str(i) for event in refusals for i in (event.data or {}).get("cancelled") or ()}
 
 
 def adopt_lost_rerun(session: Session, jobs: Sequence[Job], queue: Sequence[QueueRecord], store_tag: str,

@@ -1,0 +1,141 @@
+"""A dispatch cut off between sbatch and its record (the command killed, the store gone) whose Slurm job ended and
+left the queue before any replan looked: sacct still has it, and it is adopted, not run a second time (the
+store's mark, the sacct query over each series' recorded output, the adoption and its settling)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+import pytest
+from sqlalchemy import select
+
+from slurmhet.cluster import Inventory, Node
+from slurmhet.config import Settings
+from slurmhet.slurm.client import SlurmCli
+from slurmhet.slurm.profile import SiteProfile
+from slurmhet.spec import load_text
+from slurmhet.store import Database, JobState, create_job, get_job, list_jobs
+from slurmhet.store.models import Event
+from slurmhet.submission import Candidate, Dispatcher, dispatches, plan_for
+from slurmhet.sync import CLOCK_SLACK, DISPATCHING, adopt_ended, adopt_orphans, ask_slurm, cut_off_since, sync_jobs
+from slurmhet.throughput import ThroughputTable
+from tests.unit.recorded import Recorded
+from tests.unit.test_sync_profile import FakeRunner
+
+SPEC = load_text("name: a\ncommand: [x]\nworkload: {model: ResNet-18, batch_size: 64}\nwork: {steps: 50}\n"
+                 "gpus: {types: [t4]}\n", "f.yaml")[0]
+TABLE = ThroughputTable.from_rates({"ResNet-18 (batch size 64)": {"t4": 100.0}})
+PROFILE = SiteProfile("22.05.8", True, 1001, 10**6, "gres", False, True, True)
+STATES = (JobState.PENDING, JobState.SUBMIT_FAILED, JobState.SUBMITTED, JobState.RUNNING)
+
+
+def _marks(db: Database) -> list[int | None]:
+    with db.snapshot() as session:
+        return [e.job_id for e in session.scalars(select(Event).where(Event.kind == DISPATCHING))]
+
+
+class Sbatch:
+    """Answers sbatch with an id, noting what the store said while it ran; ``killed``: the command dies in it."""
+
+    def __init__(self, db: Database, killed: bool = False) -> None:
+        self.db, self.killed, self.seen = db, killed, []  # type: ignore[var-annotated]
+
+    def submit(self, options: Sequence[str], script: str) -> str:
+        self.seen.append(_marks(self.db))
+        if self.killed:
+            raise KeyboardInterrupt  # SIGINT/SIGKILL stand-in: nothing after this line of the command runs
+        return "81"
+
+
+def test_a_dispatch_is_marked_before_sbatch_runs_and_the_mark_goes_with_its_record(tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    with db.transaction() as session:
+        ids = [create_job(session, SPEC, "alice", "f.yaml").id for _ in range(2)]
+    inventory = Inventory((Node("nodeb", {"t4": 2}),))
+    settings = Settings(state_dir=tmp_path, database_url="sqlite://")
+    plan = plan_for([Candidate(i, SPEC, 0.0) for i in ids], inventory, TABLE, "slurmhet", now=0.0)
+    first, second = dispatches(plan, {i: SPEC for i in ids}, PROFILE, settings, inventory, db.instance, table=TABLE)
+    sbatch = Sbatch(db)
+    [outcome] = Dispatcher(db, sbatch, PROFILE, settings, None).submit(first, plan)  # type: ignore[arg-type]
+    assert outcome.state == "SUBMITTED" and sbatch.seen == [[first.job_ids[0]]] and _marks(db) == []
+    with pytest.raises(KeyboardInterrupt):
+        Dispatcher(db, Sbatch(db, killed=True), PROFILE, settings, None).submit(second, plan)  # type: ignore[arg-type]
+    assert _marks(db) == [second.job_ids[0]]
+    with db.snapshot() as session:
+        cut_at = cut_off_since(session, "alice")
+        assert cut_at is not None and cut_off_since(session, "bob") is None
+        job = get_job(session, second.job_ids[0])
+        assert job is not None and job.state is JobState.PENDING and job.slurm_jobs == []
+
+
+def _recorded(rec: Recorded, tag: str, het_for: int, cancelled_for: int) -> dict[str, str]:
+    """The series' recorded sacct, its het job (two components, COMPLETED) tagged for job ``het_for`` of this store
+    and a cancelled job for ``cancelled_for``."""
+    sacct = rec.read("sacct_parsable2_X.txt").replace("|slurmhet:fx-het|", f"|slurmhet:{het_for}@{tag}|") \
+        .replace("|slurmhet:fx-running|", f"|slurmhet:{cancelled_for}@{tag}|")
+    return {"squeue --all": '{"jobs": []}', "sacct --parsable2": sacct}
+
+
+def test_a_cut_off_dispatch_whose_job_ended_and_left_the_queue_is_adopted_from_sacct_and_settled(
+        rec: Recorded, tmp_path: Path) -> None:
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    with db.transaction() as session:
+        ran, refused, waiting = (create_job(session, SPEC, "root", "f.yaml") for _ in range(3))
+        session.flush()
+        ran_id, refused_id, waiting_id = ran.id, refused.id, waiting.id
+    runner = FakeRunner(_recorded(rec, db.instance, ran_id, refused_id))
+    # No dispatch was cut off: sacct is not asked for the user's jobs.
+    answers = ask_slurm(db, SlurmCli(runner), STATES, "root")
+    assert answers.ended is None and [c[0] for c in runner.calls] == ["squeue"]
+    cancelled = str(rec.ids["running_then_cancelled"])
+    with db.transaction() as session:  # two dispatches were cut off: one's sbatch had run, one's had not
+        session.add_all(Event(job_id=i, kind=DISPATCHING, message="", data={}) for i in (ran_id, refused_id))
+        # An earlier dispatch of the other was refused at its second part; its first, tagged, was cancelled.
+        session.add(Event(job_id=refused_id, kind="submit_failed", message="refused", data={"cancelled": [cancelled]}))
+    with db.snapshot() as session:
+        since = cut_off_since(session, "root")
+    assert since is not None
+    runner.calls.clear()
+    answers = ask_slurm(db, SlurmCli(runner), STATES, "root")
+    [sacct] = [c for c in runner.calls if c[0] == "sacct"]
+    assert sacct[sacct.index("--user") + 1] == "root" and "--jobs" not in sacct
+    assert sacct[sacct.index("--starttime") + 1] == (since - CLOCK_SLACK).astimezone().strftime("%Y-%m-%dT%H:%M:%S")
+    assert answers.ended is not None and not any(r.id.is_step for r in answers.ended)
+    het = str(rec.ids["het"])
+    with db.transaction() as session:
+        jobs = list_jobs(session, states=STATES)
+        assert adopt_orphans(session, jobs, answers.queue, db.instance, "root") == []  # squeue no longer lists it
+        actions = adopt_ended(session, jobs, answers.ended, db.instance, "root", tmp_path)
+        assert actions == [f"adopted Slurm job {het} for job {ran_id}"]
+        by_id = {j.id: j for j in jobs}
+        adopted = by_id[ran_id]
+        # One part for the het job, as adopt_orphans records one found in the queue.
+        assert [(p.slurm_job_id, p.het_offset, p.state) for p in adopted.slurm_jobs] == [(het, 0, "COMPLETED")]
+        assert adopted.state is JobState.COMPLETED and adopted.ended_at is not None  # settled, not run again
+        assert all(p.ended_at is not None and p.exit_code == "0:0" for p in adopted.slurm_jobs)
+        # The cancelled part of a refused dispatch is no orphan, though tagged and not on record.
+        assert by_id[refused_id].state is JobState.PENDING and by_id[refused_id].slurm_jobs == []
+        assert by_id[waiting_id].state is JobState.PENDING
+        (event,) = session.scalars(select(Event).where(Event.kind == "adopted")).all()
+        assert event.message == f"Slurm job {het} found by its comment tag, ended COMPLETED"
+    # Both marks are gone: one adopted, one looked for in squeue and sacct and not found (sbatch never took it).
+    assert _marks(db) == []
+    runner.calls.clear()
+    assert ask_slurm(db, SlurmCli(runner), STATES, "root").ended is None and "sacct" not in {c[0] for c in runner.calls}
+    with db.transaction() as session:  # a second pass changes nothing
+        jobs = list_jobs(session, states=STATES)
+        assert sync_jobs(session, jobs, answers.view, tmp_path) == 0
+        assert adopt_ended(session, jobs, answers.ended, db.instance, "root", tmp_path) == []
+
+
+def test_a_cut_off_dispatch_of_a_job_now_placed_is_not_looked_for(tmp_path: Path) -> None:
+    """The mark counts on unplaced jobs only: a placed job's Slurm job is on record, whatever a mark says."""
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    with db.transaction() as session:
+        job = create_job(session, SPEC, "root", "f.yaml")
+        job.state = JobState.SUBMITTED
+        session.flush()
+        session.add(Event(job_id=job.id, kind=DISPATCHING, message="", data={}))
+    with db.snapshot() as session:
+        assert cut_off_since(session, "root") is None
