@@ -293,6 +293,48 @@ def test_replan_killed_between_sbatch_and_record_adopts_the_orphan(
     one_slurm_job_each(store_tag(state_dir), since, ids)
 
 
+def _squeue_leaving_out(directory: Path, hidden: str) -> dict[str, str]:
+    """A PATH entry whose ``squeue --json`` leaves out Slurm job ``hidden``, as squeue does once an ended job is
+    older than MinJobAge (300 s on the dev cluster, as on most sites); every other answer is the real squeue's."""
+    real = shutil.which("squeue")
+    assert real, "squeue is not installed"
+    directory.mkdir(parents=True, exist_ok=True)
+    stand_in = directory / "squeue"
+    stand_in.write_text(f"""#!{sys.executable}
+import json, subprocess, sys
+out = subprocess.run([{real!r}, *sys.argv[1:]], capture_output=True, text=True)
+sys.stderr.write(out.stderr)
+if out.returncode or "--json" not in sys.argv:
+    sys.stdout.write(out.stdout)
+    sys.exit(out.returncode)
+data = json.loads(out.stdout)
+data["jobs"] = [j for j in data["jobs"] if str(j.get("job_id")) != {hidden!r}]
+json.dump(data, sys.stdout)
+""")
+    stand_in.chmod(0o755)
+    return {"PATH": f"{directory}:{os.environ.get('PATH', '')}"}
+
+
+def test_a_killed_replans_orphan_that_ended_and_left_the_queue_is_adopted_from_sacct_not_run_again(
+        tmp_path: Path, state_dir: Path, since: datetime, leftovers: list[str]) -> None:
+    """No replan looked until the orphan had run, ended, and left squeue (stood in for: an squeue that leaves it
+    out). The dispatch's mark says it was cut off, so the next replan asks sacct, finds the orphan by its tag,
+    and records its job COMPLETED instead of submitting it a second time."""
+    ids, orphan, owner = _killed_between_sbatch_and_record(tmp_path, state_dir, since)
+    [ended] = [r for r in accounting([orphan], timeout=120) if not r.id.is_step]
+    assert ended.state == "COMPLETED", ended
+    again = replan(state_dir, env=_squeue_leaving_out(tmp_path / "aged", orphan))
+    assert adopted_by(again.stdout) == {owner: orphan}, again.stdout
+    assert set(submitted_by(again.stdout)) == set(ids) - {owner}, again.stdout
+    row = status(state_dir)[owner]
+    assert row["state"] == "COMPLETED" and [(p["id"], p["role"]) for p in row["slurm"]] == [(orphan, "adopted")], row
+    [(_, _, found)] = events(state_dir, owner, kind="adopted")
+    assert found == f"Slurm job {orphan} found by its comment tag, ended COMPLETED", found
+    rows = wait_for(state_dir, ids, timeout=180)
+    assert all(rows[i]["state"] == "COMPLETED" for i in ids), rows
+    one_slurm_job_each(store_tag(state_dir), since, ids)
+
+
 def test_submit_after_a_killed_replan_does_not_resubmit_the_orphan(
         tmp_path: Path, state_dir: Path, since: datetime, leftovers: list[str]) -> None:
     ids, orphan, owner = _killed_between_sbatch_and_record(tmp_path, state_dir, since)
