@@ -1,14 +1,15 @@
-"""examples/train.py's summary line: the cluster tests and users parse it, one JSON document per line."""
+"""examples/train.py's summary line (the cluster tests and users parse it, one JSON document per line) and its
+progress record's last saved step."""
+
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.unit.examples import example_train
 
 
 class WriteRecorder:
@@ -27,10 +28,7 @@ class WriteRecorder:
 
 def test_the_summary_line_is_one_write_so_pack_members_sharing_stdout_cannot_splice_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    spec = importlib.util.spec_from_file_location("example_train", REPO / "examples" / "train.py")
-    assert spec is not None and spec.loader is not None
-    train = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(train)
+    train = example_train()
     out = WriteRecorder()
     monkeypatch.setattr(sys, "stdout", out)
     assert train.main(["--steps", "2", "--dataset-size", "64", "--global-batch", "16"], env={}) == 0
@@ -39,29 +37,21 @@ def test_the_summary_line_is_one_write_so_pack_members_sharing_stdout_cannot_spl
     assert json.loads(summary)["steps"] == 2
 
 
-def _train() -> object:
-    spec = importlib.util.spec_from_file_location("example_train", REPO / "examples" / "train.py")
-    assert spec is not None and spec.loader is not None
-    train = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(train)
-    return train
-
-
 def test_the_progress_record_says_which_step_the_last_checkpoint_holds(tmp_path: Path) -> None:
     """Where the next run resumes after a fault: the replanner plans the work left from there, not from the step
     reached. A run with no checkpoint directory saves nothing, so it says its start (0): it restarts from scratch."""
     from slurmhet.runtime.progress import read_record
 
-    train = _train()
+    train = example_train()
     argv = ["--steps", "7", "--dataset-size", "64", "--global-batch", "16", "--checkpoint-every", "3"]
     saving = {"SLURMHET_PROGRESS_FILE": str(tmp_path / "saving.json"), "SLURMHET_CHECKPOINT_DIR": str(tmp_path / "c")}
-    assert train.main(argv, env=saving) == 0  # type: ignore[attr-defined]
+    assert train.main(argv, env=saving) == 0
     record = read_record(tmp_path / "saving.json")
     assert record is not None and (record.steps_done, record.saved_steps) == (7, 7)  # the final save
     resumed = {**saving, "SLURMHET_PROGRESS_FILE": str(tmp_path / "resumed.json")}
-    assert train.main(["--steps", "9", *argv[2:]], env=resumed) == 0  # type: ignore[attr-defined]
+    assert train.main(["--steps", "9", *argv[2:]], env=resumed) == 0
     record = read_record(tmp_path / "resumed.json")
     assert record is not None and (record.start_steps, record.steps_done, record.saved_steps) == (7, 9, 9)
-    assert train.main(argv, env={"SLURMHET_PROGRESS_FILE": str(tmp_path / "none.json")}) == 0  # type: ignore[attr-defined]
+    assert train.main(argv, env={"SLURMHET_PROGRESS_FILE": str(tmp_path / "none.json")}) == 0
     record = read_record(tmp_path / "none.json")
     assert record is not None and (record.steps_done, record.saved_steps) == (7, 0)

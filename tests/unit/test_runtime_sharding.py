@@ -7,7 +7,6 @@ an independent single-process full-batch SGD loop written here.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -16,7 +15,6 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 import torch
@@ -26,16 +24,9 @@ from slurmhet.runtime.checkpoint import load_checkpoint
 from slurmhet.runtime.consolidate import consolidate
 from slurmhet.runtime.progress import job_steps, read_progress
 from slurmhet.runtime.torch import ProportionalDistributedSampler, split_counts, split_micro_batches
+from tests.unit.examples import example_train
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _example() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("slurmhet_example_train", REPO / "examples" / "train.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # --------------------------------------------------------------------------- bookkeeping
@@ -145,7 +136,7 @@ def _run_ranks(tmp_path: Path, weights: list[float], steps: int, *, nominal: int
 
 def _reference(steps: int) -> dict[str, torch.Tensor]:
     """Single-process full-batch SGD over the same global batches, written independently of the sampler."""
-    train = _example()
+    train = example_train()
     model = train.build_model("mlp-small", SEED, torch.float64)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     x, y = train.make_data(D, SEED, torch.float64)
@@ -164,7 +155,7 @@ def _assert_same_parameters(got: dict[str, torch.Tensor], want: dict[str, torch.
     assert got.keys() == want.keys()
     for key in want:
         assert torch.allclose(got[key], want[key], rtol=0, atol=1e-6), key
-    assert any(not torch.equal(v, _example().build_model("mlp-small", SEED, torch.float64).state_dict()[k])
+    assert any(not torch.equal(v, example_train().build_model("mlp-small", SEED, torch.float64).state_dict()[k])
                for k, v in got.items()), "training did not move the parameters"
 
 
