@@ -12,6 +12,7 @@ import re
 import shutil
 import subprocess
 import time
+import uuid
 import warnings
 from pathlib import Path
 from typing import Callable, Iterator
@@ -60,6 +61,22 @@ def pg_url() -> str:
     if not url:
         _unavailable("SLURMHET_TEST_PG_URL is not set (run etc/devcluster/pgcluster up)")
     return url  # type: ignore[return-value]
+
+
+@pytest.fixture
+def pg_store(pg_url: str) -> Iterator[str]:
+    """A private database on the PostgreSQL test server, dropped after."""
+    import psycopg
+
+    admin = pg_url.replace("postgresql+psycopg://", "postgresql://")
+    name = f"slurmhet_test_{uuid.uuid4().hex[:10]}"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield pg_url.rsplit("/", 1)[0] + "/" + name
+    finally:
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 #: How long a cluster test waits, before it starts, for an earlier test's node to come back into service.

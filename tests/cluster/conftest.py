@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
 from pathlib import Path
 from typing import Iterator
 
@@ -20,18 +19,3 @@ def leftovers(state_dir: Path) -> Iterator[list[str]]:
     if (state_dir / "slurmhet.db").exists():
         scancel(live_tagged(store_tag(state_dir)))
 
-
-@pytest.fixture
-def pg_store(pg_url: str) -> Iterator[str]:
-    """A private database on the PostgreSQL test server, dropped after."""
-    import psycopg
-
-    admin = pg_url.replace("postgresql+psycopg://", "postgresql://")
-    name = f"slurmhet_test_{uuid.uuid4().hex[:10]}"
-    with psycopg.connect(admin, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield pg_url.rsplit("/", 1)[0] + "/" + name
-    finally:
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

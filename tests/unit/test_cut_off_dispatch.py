@@ -30,6 +30,14 @@ PROFILE = SiteProfile("22.05.8", True, 1001, 10**6, "gres", False, True, True)
 STATES = (JobState.PENDING, JobState.SUBMIT_FAILED, JobState.SUBMITTED, JobState.RUNNING)
 
 
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def db(request: pytest.FixtureRequest, tmp_path: Path) -> Database:
+    """The store on SQLite and on PostgreSQL: the mark's queries run on both."""
+    if request.param == "sqlite":
+        return Database(f"sqlite:///{tmp_path}/s.db")
+    return Database(request.getfixturevalue("pg_store"))
+
+
 def _marks(db: Database) -> list[int | None]:
     with db.snapshot() as session:
         return [e.job_id for e in session.scalars(select(Event).where(Event.kind == DISPATCHING))]
@@ -48,8 +56,8 @@ class Sbatch:
         return "81"
 
 
-def test_a_dispatch_is_marked_before_sbatch_runs_and_the_mark_goes_with_its_record(tmp_path: Path) -> None:
-    db = Database(f"sqlite:///{tmp_path}/s.db")
+def test_a_dispatch_is_marked_before_sbatch_runs_and_the_mark_goes_with_its_record(db: Database, tmp_path: Path
+                                                                                   ) -> None:
     with db.transaction() as session:
         ids = [create_job(session, SPEC, "alice", "f.yaml").id for _ in range(2)]
     inventory = Inventory((Node("nodeb", {"t4": 2}),))
@@ -78,8 +86,7 @@ def _recorded(rec: Recorded, tag: str, het_for: int, cancelled_for: int) -> dict
 
 
 def test_a_cut_off_dispatch_whose_job_ended_and_left_the_queue_is_adopted_from_sacct_and_settled(
-        rec: Recorded, tmp_path: Path) -> None:
-    db = Database(f"sqlite:///{tmp_path}/s.db")
+        rec: Recorded, db: Database, tmp_path: Path) -> None:
     with db.transaction() as session:
         ran, refused, waiting = (create_job(session, SPEC, "root", "f.yaml") for _ in range(3))
         session.flush()
@@ -129,9 +136,8 @@ def test_a_cut_off_dispatch_whose_job_ended_and_left_the_queue_is_adopted_from_s
         assert adopt_ended(session, jobs, answers.ended, db.instance, "root", tmp_path) == []
 
 
-def test_a_cut_off_dispatch_of_a_job_now_placed_is_not_looked_for(tmp_path: Path) -> None:
+def test_a_cut_off_dispatch_of_a_job_now_placed_is_not_looked_for(db: Database) -> None:
     """The mark counts on unplaced jobs only: a placed job's Slurm job is on record, whatever a mark says."""
-    db = Database(f"sqlite:///{tmp_path}/s.db")
     with db.transaction() as session:
         job = create_job(session, SPEC, "root", "f.yaml")
         job.state = JobState.SUBMITTED
