@@ -41,16 +41,14 @@ from slurmhet.spec import JobSpec, check_against_cluster, parse_job
 from slurmhet.startup import StartupCosts, learned_startup
 from slurmhet.store import Database, Job, JobState, SlurmJob, add_event, create_job, get_job, list_jobs
 from slurmhet.store.lock import dispatch_lock
-from slurmhet.sync import (adopt_ended, adopt_orphans, ask_slurm, clear_dispatching, cut_off, live_parts,
-                           lost_consolidation, mark_dispatching, ran_again, sync_jobs)
+from slurmhet.sync import (UNPLACED, adopt_ended, adopt_orphans, ask_slurm, clear_dispatching, cut_off,
+                           live_parts, lost_consolidation, mark_dispatching, ran_again, sync_jobs)
 from slurmhet.dependencies import Verdicts, preview_hold, resolve, verdicts
 from slurmhet.site_table import live_table, site_table, with_specs
 from slurmhet.throughput import ThroughputTable
 
 #: Seconds between Slurm's USR2 (``--signal=B:USR2@N``) and the time limit; the runtime checkpoints then.
 SIGNAL_LEAD_S = 120
-#: Jobs the planner may still place (not yet in Slurm, or refused by it).
-UNPLACED = (JobState.PENDING, JobState.SUBMIT_FAILED)
 #: Jobs holding (or about to hold) GPUs: pinned where they are.
 PLACED = (JobState.SUBMITTED, JobState.RUNNING)
 #: Seconds per HadarE round (forked copies train this long, then consolidate); the environment overrides it.

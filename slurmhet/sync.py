@@ -30,6 +30,8 @@ _FAILED = {"FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEAD
 #: Slurm states of a job that still holds or waits for its resources.
 LIVE_PART_STATES = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "STOPPED"}
 FINAL_PART_STATES = _FAILED | {"COMPLETED", "CANCELLED"}
+#: Jobs the planner may still place (not yet in Slurm, or refused by it).
+UNPLACED = (JobState.PENDING, JobState.SUBMIT_FAILED)
 
 
 @dataclass(frozen=True)
@@ -226,7 +228,7 @@ def clear_dispatching(session: Session, job: Job) -> None:
 def cut_off_since(session: Session, owner: str) -> datetime | None:
     """When the oldest cut-off dispatch of ``owner``'s unplaced jobs began, or None when there is none."""
     return session.scalar(select(func.min(Event.at)).join(Job, Event.job_id == Job.id).where(
-        Event.kind == DISPATCHING, Job.owner == owner, Job.state.in_((JobState.PENDING, JobState.SUBMIT_FAILED))))
+        Event.kind == DISPATCHING, Job.owner == owner, Job.state.in_(UNPLACED)))
 
 
 @dataclass(frozen=True)
@@ -267,13 +269,12 @@ def adopt_ended(session: Session, jobs: Sequence[Job], ended: Sequence[Accountin
                            r.id.job if r.id.array_task is not None else None, r.id.array_task, r.name, r.state, "",
                            r.comment, r.user, r.nodes, r.submit, r.start, r.end, exit_code=r.exit_code)
                for r in ended]
-    unplaced = (JobState.PENDING, JobState.SUBMIT_FAILED)
-    waiting = [j for j in jobs if j.state in unplaced]
+    waiting = [j for j in jobs if j.state in UNPLACED]
     actions = adopt_orphans(session, jobs, records, store_tag, owner)
-    sync_jobs(session, [j for j in waiting if j.state not in unplaced], SlurmView(accounting=tuple(ended)),
+    sync_jobs(session, [j for j in waiting if j.state not in UNPLACED], SlurmView(accounting=tuple(ended)),
               progress_dir)
     for job in waiting:
-        if job.state in unplaced:
+        if job.state in UNPLACED:
             clear_dispatching(session, job)
     return actions
 
@@ -303,7 +304,7 @@ def sync_jobs(session: Session, jobs: list[Job], view: SlurmView, progress_dir: 
         part.ended_at = status.end or part.ended_at
     changed = 0
     for job in jobs:
-        if job.state.final or job.state in (JobState.PENDING, JobState.SUBMIT_FAILED):
+        if job.state.final or job.state in UNPLACED:
             continue
         new = job_state_from_parts(job.slurm_jobs)
         round_part = forked_round(job)
@@ -333,7 +334,7 @@ def sync_jobs(session: Session, jobs: list[Job], view: SlurmView, progress_dir: 
 def adopt_orphans(session: Session, jobs: Sequence[Job], queue: Sequence[QueueRecord], store_tag: str,
                   owner: str) -> list[str]:
     """Slurm jobs tagged for an unplaced job (sbatch ran, the record did not): record them, do not resubmit."""
-    by_id = {j.id: j for j in jobs if j.state in (JobState.PENDING, JobState.SUBMIT_FAILED)}
+    by_id = {j.id: j for j in jobs if j.state in UNPLACED}
     actions = []
     for record in queue:
         if not is_ours(record.comment, store_tag) or record.user != owner:
@@ -505,7 +506,7 @@ def finished_waiting(jobs: Sequence[Job], records: Sequence[ProgressRecord]) -> 
     out = []
     for job in jobs:
         if (str(job.id) not in finished  # most jobs: no spec to parse on every replan
-                or job.state not in (JobState.PENDING, JobState.SUBMIT_FAILED) or forked_round(job) is not None):
+                or job.state not in UNPLACED or forked_round(job) is not None):
             continue
         total = parse_job(job.spec, f"store:job {job.id}").total_steps
         if finished[str(job.id)] >= total:
