@@ -574,13 +574,16 @@ class Replanner:
         if not held:
             return
         partitions = self.client.partitions()
+        released: list[str] = []
         for job_id, targets in held.items():
             if outranked(targets, queue, partitions):
                 continue
             result.actions.append(f"release Slurm's requeue hold on {','.join(targets)} of job {job_id}: it "
                                   "resumes from its checkpoint as soon as Slurm can start it")
-            if not dry_run:
-                self.client.release_requeue_hold(list(targets))
+            released += targets
+        if released and not dry_run:
+            # a pack's members share one Slurm job: released once, or the second release meets a started job
+            self.client.release_requeue_hold(list(dict.fromkeys(released)))
 
     def _supersede(self, move: Move, note: str) -> None:
         """Put a pending job back in the store's queue, then cancel its Slurm parts: a replan killed in between

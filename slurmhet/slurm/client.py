@@ -44,6 +44,8 @@ class SlurmClient(Protocol):
 
 #: What scancel and scontrol say of a job that has already ended (or left the controller).
 _ENDED = re.compile(r"already (finished|completing|completed)|Invalid job id specified")
+# scontrol's answer when a held job started between squeue and the release: the release's aim, no failure.
+_STARTED = re.compile(r"no longer pending execution")
 
 
 class SlurmCli:
@@ -114,16 +116,17 @@ class SlurmCli:
     def release_requeue_hold(self, job_ids: Sequence[str]) -> None:
         """Let requeued jobs start as soon as Slurm can place them, not after the BeginTime Slurm set at the
         requeue (a job's owner may move its own begin time)."""
-        for job_id in job_ids:
-            self._run_unless_ended(["scontrol", "update", f"JobId={job_id}", "StartTime=now"])
+        for job_id in dict.fromkeys(job_ids):
+            self._run_unless_ended(["scontrol", "update", f"JobId={job_id}", "StartTime=now"], also=_STARTED)
 
-    def _run_unless_ended(self, argv: Sequence[str]) -> None:
-        """Run a command on jobs that may have ended since squeue listed them: that alone is no failure."""
+    def _run_unless_ended(self, argv: Sequence[str], also: re.Pattern[str] | None = None) -> None:
+        """Run a command on jobs that may have ended (or, for ``also``, moved on) since squeue listed them: that
+        alone is no failure."""
         try:
             self._run(argv)
         except SlurmCommandError as exc:
             lines = [line for line in exc.stderr.splitlines() if line.strip()]
-            if not lines or not all(_ENDED.search(line) for line in lines):
+            if not lines or not all(_ENDED.search(line) or (also and also.search(line)) for line in lines):
                 raise
 
     def sbatch_help(self) -> str:

@@ -238,6 +238,53 @@ def test_cancelling_or_releasing_a_job_that_already_ended_is_no_failure_anything
         SlurmCli(_Refusing(said)).release_requeue_hold(["9_2"])  # type: ignore[arg-type]
     with pytest.raises(SlurmCommandError):
         SlurmCli(_Refusing("scancel: error: Unable to contact slurm controller\n")).cancel(["9"])  # type: ignore[arg-type]
+    # a held job Slurm started between squeue and the release got what the release asked for; no cancel says so
+    started = "Job is no longer pending execution for job 144\n"
+    SlurmCli(_Refusing(started)).release_requeue_hold(["144"])  # type: ignore[arg-type]
+    with pytest.raises(SlurmCommandError):
+        SlurmCli(_Refusing(started)).cancel(["144"])  # type: ignore[arg-type]
+    refusing = _Refusing(started)
+    SlurmCli(refusing).release_requeue_hold(["144", "145", "144"])  # type: ignore[arg-type]
+    assert [argv[2] for argv in refusing.calls] == ["JobId=144", "JobId=145"]
+
+
+class _Releases:
+    """The calls releasing requeue holds makes, recorded."""
+
+    def __init__(self) -> None:
+        self.released: list[list[str]] = []
+
+    def partitions(self) -> list[object]:
+        return []
+
+    def release_requeue_hold(self, job_ids: list[str]) -> None:
+        self.released.append(list(job_ids))
+
+
+def test_a_requeued_mps_pack_is_released_once_for_all_its_members(tmp_path: Path) -> None:
+    """A pack's members share one Slurm job. Releasing it per member sent a second scontrol update after the
+    first had let it start, which Slurm refused ("no longer pending execution") and failed the replan."""
+    from slurmhet.replan import ReplanResult, Replanner
+
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    client = _Releases()
+    replanner = Replanner(db, client, None, None, None, "alice")  # type: ignore[arg-type]
+    result = ReplanResult()
+    with db.transaction() as session:
+        members = [_job(session, JobState.SUBMITTED, SlurmJob(slurm_job_id="144", role="pack", state="PENDING",
+                                                              reason=REQUEUE_HOLD, started_at=T0, restarts=1))
+                   for _ in range(2)]
+        other = _job(session, JobState.SUBMITTED, SlurmJob(slurm_job_id="150", role="batch", state="PENDING",
+                                                           reason=REQUEUE_HOLD, started_at=T0, restarts=1))
+        session.flush()
+        replanner._release_holds([*members, other], [], [], False, result)
+        assert client.released == [["144", "150"]]
+        assert [a.split(":")[0] for a in result.actions] == [
+            f"release Slurm's requeue hold on 144 of job {members[0].id}",
+            f"release Slurm's requeue hold on 144 of job {members[1].id}",
+            f"release Slurm's requeue hold on 150 of job {other.id}"]
+        replanner._release_holds([*members, other], [], [], True, ReplanResult())
+        assert client.released == [["144", "150"]]  # a dry run releases nothing
 
 
 def _record(job: Job, steps: int, state: str, code: int | None, at: float = 1000.0) -> ProgressRecord:
