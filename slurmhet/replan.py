@@ -38,7 +38,7 @@ from slurmhet.submission import (PLACED, UNPLACED, Candidate, Dispatcher, after_
                                  with_verdicts, foreign_gpu_nodes, next_round, plan_for, render_parts,
                                  stored_allocation, unplaceable)
 from slurmhet.site_table import learned_table, site_table
-from slurmhet.sync import (LIVE_PART_STATES, adopt_ended, adopt_lost_rerun, adopt_orphans, ask_slurm, cut_off,
+from slurmhet.sync import (CANCELLING, LIVE_PART_STATES, adopt_ended, adopt_lost_rerun, adopt_orphans, ask_slurm, cut_off,
                            finished_waiting, forked_round, lost_consolidation, settle_finished, sync_jobs)
 from slurmhet.throughput import ThroughputTable, canonical_key
 
@@ -165,10 +165,6 @@ def displaced(job: Job, inventory: Inventory) -> tuple[str, ...]:
         return ()
     usable = {n.name for n in inventory.usable().nodes}
     return tuple(sorted({node for node, _, _ in alloc.slots if node not in usable}))
-
-
-#: A superseded part's state until Slurm is known to have cancelled it.
-CANCELLING = "CANCELLING"
 
 
 def supersede(job: Job) -> None:

@@ -24,7 +24,7 @@ from slurmhet.cluster import Inventory, OpenWorld
 from slurmhet.config import Settings
 from slurmhet.emit.from_plan import (EmitSettings, consolidation_request, container_runtime_for, pack_parts,
                                     requests_for, sweep_arrays)
-from slurmhet.emit.multipart import MultiPartOutcome, MultiPartSubmitter, Part, shown_ids
+from slurmhet.emit.multipart import MultiPartOutcome, MultiPartSubmitter, Part, expected_rows, shown_ids
 from slurmhet.errors import InputError
 from slurmhet.forking import DEFAULT_ROUND_S, ForkedJob, job_forker
 from slurmhet.planner import (
@@ -42,7 +42,7 @@ from slurmhet.startup import StartupCosts, learned_startup
 from slurmhet.store import Database, Job, JobState, SlurmJob, add_event, create_job, get_job, list_jobs
 from slurmhet.store.lock import dispatch_lock
 from slurmhet.sync import (UNPLACED, adopt_ended, adopt_orphans, ask_slurm, clear_dispatching, cut_off,
-                           live_parts, lost_consolidation, mark_dispatching, ran_again, sync_jobs)
+                           live_parts, lost_consolidation, mark_dispatching, ran_again, record_fork, sync_jobs)
 from slurmhet.dependencies import Verdicts, preview_hold, resolve, verdicts
 from slurmhet.site_table import live_table, site_table, with_specs
 from slurmhet.throughput import ThroughputTable
@@ -99,6 +99,16 @@ def fork_round_s() -> float:
         raise InputError(f"{FORK_ROUND_ENV}={text!r} is not a positive number of seconds", place=FORK_ROUND_ENV,
                          hint="e.g. 360 (the paper's slot for large mixes) or 90 for small ones")
     return value
+
+
+def fork_facts(fork: ForkedJob) -> dict[str, Any]:
+    """What the store records of a forked round once sbatch took it (``sync.record_fork``); a dispatch's mark
+    keeps it too, so a cut-off round is adopted as a round."""
+    return {"plan": fork.record(), "slots": [list(s) for s in fork.slots],
+            "message": f"forked into {len(fork.copies)} copies (round {fork.round}, {fork.total_round_steps} steps: "
+                       f"{'+'.join(map(str, fork.round_steps))})",
+            "data": {"round": fork.round, "copies": describe(Allocation(fork.slots)),
+                     "round_steps": list(fork.round_steps)}}
 
 
 def next_round(job: Job) -> int:
@@ -533,23 +543,21 @@ class Dispatcher:
         first = dispatch.job_ids[0]
         if not dispatch.parts:
             return [self._submit_entrypoint(first, dispatch.specs[0], plan.job(str(first)), dispatch.after_ok)]
+        fork = dispatch.fork
+        facts = fork_facts(fork) if fork is not None else None
+        expected = {i: expected_rows(dispatch.parts, i) for i in dispatch.job_ids}
         with self.db.transaction() as session:  # committed before sbatch runs: see sync.DISPATCHING
-            mark_dispatching(session, dispatch.job_ids)
+            mark_dispatching(session, dispatch.job_ids, expected, facts)
         outcome = MultiPartSubmitter(self.client).submit(dispatch.parts)
         with self.db.transaction() as session:
             results = []
             for job_id, spec in zip(dispatch.job_ids, dispatch.specs):
                 job = get_job(session, job_id)
                 assert job is not None
-                fork = dispatch.fork
                 alloc = Allocation(fork.slots) if fork is not None else plan.job(str(job_id)).allocation
                 results.append(self._record(session, job, spec, outcome, alloc))
-                if fork is not None and outcome.ok:
-                    # The store pins every copy's GPUs while the round runs, so the next plan leaves them be.
-                    job.plan = {**(job.plan or {}), "slots": [list(s) for s in fork.slots], "forked": fork.record()}
-                    add_event(session, job, "forked", f"forked into {len(fork.copies)} copies (round {fork.round}, "
-                              f"{fork.total_round_steps} steps: {'+'.join(map(str, fork.round_steps))})",
-                              round=fork.round, copies=describe(alloc), round_steps=list(fork.round_steps))
+                if facts is not None and outcome.ok:
+                    record_fork(session, job, facts)
         return results
 
     def consolidate_again(self, job_id: int, inventory: Inventory) -> str:

@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
+from slurmhet.emit.multipart import with_ids
 from slurmhet.slurm.client import SlurmClient
 from slurmhet.slurm.parsers import AccountingRecord, QueueRecord
 from slurmhet.slurm.world import is_ours, tagged_ids
@@ -30,6 +31,8 @@ _FAILED = {"FAILED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEAD
 #: Slurm states of a job that still holds or waits for its resources.
 LIVE_PART_STATES = {"PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING", "STOPPED"}
 FINAL_PART_STATES = _FAILED | {"COMPLETED", "CANCELLED"}
+#: A superseded part's state until Slurm is known to have cancelled it.
+CANCELLING = "CANCELLING"
 #: Jobs the planner may still place (not yet in Slurm, or refused by it).
 UNPLACED = (JobState.PENDING, JobState.SUBMIT_FAILED)
 
@@ -214,10 +217,35 @@ DISPATCHING = "dispatching"
 CLOCK_SLACK = timedelta(minutes=5)
 
 
-def mark_dispatching(session: Session, job_ids: Iterable[int]) -> None:
-    """Say, in its own transaction before sbatch runs, that the jobs are being dispatched (:data:`DISPATCHING`)."""
-    session.add_all(Event(job_id=i, kind=DISPATCHING, message="sbatch runs for it; cut off, a replan adopts its job",
-                          data={}) for i in job_ids)
+def mark_dispatching(session: Session, job_ids: Iterable[int],
+                     parts: Mapping[int, list[list[dict[str, Any]]]] | None = None,
+                     fork: Mapping[str, Any] | None = None) -> None:
+    """Say, in its own transaction before sbatch runs, that the jobs are being dispatched (:data:`DISPATCHING`).
+
+    ``parts``: each job's expected store rows per sbatch call (``emit.multipart.expected_rows``); ``fork``: a
+    forked round's facts (:func:`record_fork`). With them a cut-off dispatch is adopted as what it was: every
+    het component and array task, and a forked round as a round, not one job that ends with its copies."""
+    for i in job_ids:
+        data: dict[str, Any] = {"parts": (parts or {}).get(i) or []}
+        if fork is not None:
+            data["fork"] = dict(fork)
+        session.add(Event(job_id=i, kind=DISPATCHING, message="sbatch runs for it; cut off, a replan adopts its job",
+                          data=data))
+
+
+def record_fork(session: Session, job: Job, fork: Mapping[str, Any]) -> None:
+    """A forked round is on record: the store pins every copy's GPUs while it runs (so the next plan leaves them
+    be) and keeps its copies and steps, which the Job Tracker judges the round by. ``fork``: ``plan`` (the
+    round's record), ``slots``, ``message`` and ``data`` (the event's), as the dispatch wrote them."""
+    job.plan = {**(job.plan or {}), "slots": [list(s) for s in fork["slots"]], "forked": dict(fork["plan"])}
+    add_event(session, job, "forked", str(fork["message"]), **dict(fork["data"]))
+
+
+def _dispatch_mark(session: Session, job: Job) -> dict[str, Any] | None:
+    """The data of the job's newest :data:`DISPATCHING` mark, or None."""
+    event = session.scalars(select(Event).where(Event.job_id == job.id, Event.kind == DISPATCHING)
+                            .order_by(Event.id.desc()).limit(1)).first()
+    return dict(event.data or {}) if event is not None else None
 
 
 def clear_dispatching(session: Session, job: Job) -> None:
@@ -333,35 +361,92 @@ def sync_jobs(session: Session, jobs: list[Job], view: SlurmView, progress_dir: 
 
 def adopt_orphans(session: Session, jobs: Sequence[Job], queue: Sequence[QueueRecord], store_tag: str,
                   owner: str) -> list[str]:
-    """Slurm jobs tagged for an unplaced job (sbatch ran, the record did not): record them, do not resubmit."""
-    by_id = {j.id: j for j in jobs if j.state in UNPLACED}
-    actions = []
-    for record in queue:
-        if not is_ours(record.comment, store_tag) or record.user != owner:
+    """Slurm jobs tagged for an unplaced job (sbatch ran, the record did not): record them, do not resubmit.
+
+    Where the cut-off dispatch's mark says which parts it submits (:func:`mark_dispatching`), they are recorded
+    as its outcome would have been, or, when Slurm holds only some of them (cut off between two sbatch calls),
+    retired to be cancelled (:func:`_adopt_dispatch`). An older mark, or an entrypoint's, says nothing: each Slurm
+    job becomes one ``adopted`` part (a sweep array: the job's own task)."""
+    known = {p.slurm_job_id for j in jobs for p in j.slurm_jobs}
+    ours = [r for r in queue if is_ours(r.comment, store_tag) and r.user == owner and r.root_id not in known]
+    actions: list[str] = []
+    for job in jobs:
+        if job.state not in UNPLACED:
             continue
-        known = {p.slurm_job_id for j in jobs for p in j.slurm_jobs}
-        if record.root_id in known:
+        withdrawn = _withdrawn(session, job)
+        records = [r for r in ours if str(job.id) in tagged_ids(r.comment) and r.root_id not in withdrawn]
+        if not records:
             continue
-        text_ids = tagged_ids(record.comment)
-        # One array tagged with several jobs is a sweep array: task k runs the k-th job of the tag.
-        sweep = len(text_ids) > 1 and record.array_job_id is not None
-        for task, text_id in enumerate(text_ids):
-            job = by_id.get(int(text_id)) if text_id.isdigit() else None
-            if job is None or record.root_id in _withdrawn(session, job):
-                continue
-            part = SlurmJob(slurm_job_id=record.root_id, role="sweep" if sweep else "adopted", state=record.state,
-                            het_offset=record.het_offset, array_task=task if sweep else record.array_task,
-                            nodes=record.nodes)
-            ended = record.state in FINAL_PART_STATES  # only sacct still lists it: see adopt_ended
-            if ended:
-                part.exit_code, part.started_at, part.ended_at = record.exit_code or None, record.start, record.end
-            job.slurm_jobs.append(part)
-            job.state, job.reason = JobState.SUBMITTED, ""
-            clear_dispatching(session, job)
-            add_event(session, job, "adopted", f"Slurm job {record.root_id} found by its comment tag"
-                      + (f", ended {record.state}" if ended else ""))
-            actions.append(f"adopted Slurm job {record.root_id} for job {job.id}")
+        mark = _dispatch_mark(session, job)
+        if mark and mark.get("parts"):
+            actions += _adopt_dispatch(session, job, records, mark)
+            continue
+        for root in dict.fromkeys(r.root_id for r in records):
+            record = _root_record(root, records)
+            text_ids = tagged_ids(record.comment)
+            # One array tagged with several jobs is a sweep array: task k runs the k-th job of the tag.
+            sweep = len(text_ids) > 1 and record.array_job_id is not None
+            part = SlurmJob(slurm_job_id=root, role="sweep" if sweep else "adopted", het_offset=record.het_offset,
+                            array_task=text_ids.index(str(job.id)) if sweep else record.array_task)
+            job.slurm_jobs.append(_as_found(part, record))
+            actions.append(_adopted(session, job, root, record))
     return actions
+
+
+def _adopt_dispatch(session: Session, job: Job, records: Sequence[QueueRecord], mark: Mapping[str, Any]) -> list[str]:
+    """Record a cut-off dispatch's Slurm jobs as its outcome would have: Slurm numbers jobs in the order sbatch
+    took them, so the k-th tagged Slurm job is the dispatch's k-th part. When their number is not the dispatch's
+    (sbatch took only the first parts before the cut), none may run, as when sbatch refuses a later part: they
+    are recorded superseded (CANCELLING), cancelled before the job is dispatched again (``replan.owed_cancels``)."""
+    expected: list[list[dict[str, Any]]] = mark["parts"]
+    roots = sorted(dict.fromkeys(r.root_id for r in records), key=_numeric)
+    if len(roots) != len(expected):
+        for root in roots:
+            job.slurm_jobs.append(SlurmJob(slurm_job_id=root, role="superseded", state=CANCELLING))
+        clear_dispatching(session, job)
+        note = (f"Slurm job(s) {','.join(roots)} found by their comment tag are {len(roots)} of the "
+                f"{len(expected)} its cut-off dispatch submits: cancelled, and the job dispatched again")
+        add_event(session, job, "withdrawn", note, slurm_job_ids=roots)
+        return [f"job {job.id}: {note}"]
+    for k, root in enumerate(roots):
+        for row in with_ids(expected[k], roots, k):
+            part = SlurmJob(**row)
+            match = [r for r in records if r.root_id == root and (r.array_task is None or part.array_task is None
+                                                                  or r.array_task == part.array_task)
+                     and (r.het_offset is None or part.het_offset is None or r.het_offset == part.het_offset)]
+            job.slurm_jobs.append(_as_found(part, match[0] if match else _root_record(root, records)))
+    session.flush()  # ``forked_round`` takes the newest part by id: the consolidation, submitted last
+    if mark.get("fork"):
+        record_fork(session, job, mark["fork"])
+    return [_adopted(session, job, root, _root_record(root, records)) for root in roots]
+
+
+def _numeric(slurm_id: str) -> tuple[int, str]:
+    return (int(slurm_id), "") if slurm_id.isdigit() else (-1, slurm_id)
+
+
+def _root_record(root: str, records: Sequence[QueueRecord]) -> QueueRecord:
+    """The record that speaks for a Slurm job: its leader or master's own, else its first."""
+    mine = [r for r in records if r.root_id == root]
+    return next((r for r in mine if r.job_id == root and r.array_task is None), mine[0])
+
+
+def _as_found(part: SlurmJob, record: QueueRecord) -> SlurmJob:
+    """The part as Slurm lists it now; one that only sacct still lists ended (see :func:`adopt_ended`)."""
+    part.state, part.nodes = record.state, record.nodes or part.nodes or ""
+    if record.state in FINAL_PART_STATES:
+        part.exit_code, part.started_at, part.ended_at = record.exit_code or None, record.start, record.end
+    return part
+
+
+def _adopted(session: Session, job: Job, root: str, record: QueueRecord) -> str:
+    """The job's dispatch is in Slurm after all: it is SUBMITTED and its mark goes."""
+    ended = record.state in FINAL_PART_STATES
+    job.state, job.reason = JobState.SUBMITTED, ""
+    clear_dispatching(session, job)
+    add_event(session, job, "adopted", f"Slurm job {root} found by its comment tag"
+              + (f", ended {record.state}" if ended else ""))
+    return f"adopted Slurm job {root} for job {job.id}"
 
 
 def _withdrawn(session: Session, job: Job) -> set[str]:

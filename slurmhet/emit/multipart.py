@@ -78,6 +78,34 @@ class SubmittedPart:
         return [{**base, "round": r.round}]
 
 
+def expected_rows(parts: Sequence[Part], job_id: int) -> list[list[dict[str, Any]]]:
+    """Each part's store rows for ``job_id`` before sbatch names it, in submission order: what a dispatch's mark
+    keeps, so that a cut-off dispatch's Slurm jobs are recorded as its outcome would have been
+    (``sync.adopt_orphans``). Ids are not known yet: :func:`with_ids` fills them in (a consolidation's argv
+    names the earlier parts in its dependency)."""
+    out = []
+    for part in parts:
+        request = part.resolved([_unknown(k) for k in range(len(parts))])
+        argv = tuple(request.materialize().sbatch_argv())
+        rows = SubmittedPart(part.role, "", request, argv).store_rows(job_id)
+        out.append([{k: v for k, v in row.items() if k != "slurm_job_id"} for row in rows])
+    return out
+
+
+def with_ids(rows: Sequence[dict[str, Any]], ids: Sequence[str], k: int) -> list[dict[str, Any]]:
+    """Part ``k``'s :func:`expected_rows`, now that Slurm's ids of the dispatch's parts are known."""
+    def filled(arg: str) -> str:
+        for index, slurm_id in enumerate(ids):
+            arg = arg.replace(_unknown(index), slurm_id)
+        return arg
+    return [{**row, "slurm_job_id": ids[k], "argv": [filled(a) for a in row.get("argv") or ()]} for row in rows]
+
+
+def _unknown(k: int) -> str:
+    """Stands for part ``k``'s Slurm id until sbatch gives it."""
+    return f"<part {k}>"
+
+
 def shown_ids(rows: Sequence[dict[str, Any]]) -> list[str]:
     """The ids a user passes to squeue/scancel for these rows: a sweep variant is its array task ``A_i``."""
     return list(dict.fromkeys(f"{r['slurm_job_id']}_{r['array_task']}" if r["role"] == "sweep"

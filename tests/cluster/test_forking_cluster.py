@@ -12,13 +12,17 @@ import subprocess
 import sys
 import textwrap
 import time
+from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from slurmhet.runtime.checkpoint import CONSOLIDATED_NAME, load_checkpoint
 from slurmhet.runtime.progress import job_steps, read_progress
 from tests.cluster.helpers import accounting, cli, status, wait_until_empty
+from tests.cluster.replan_helpers import (events, kill_group, slow_sbatch, slurm_jobs_of_store, start_cli, store_tag,
+                                         wait_file_lines)
 
 pytestmark = pytest.mark.usefixtures("slurm_cluster")
 
@@ -48,6 +52,26 @@ def _spec(path: Path, checkpoint_dir: Path) -> Path:
     return path
 
 
+def _replan_until_done(state_dir: Path, job_id: int, env: dict[str, str], timeout: float = 110
+                       ) -> tuple[dict[str, Any], int, list[str]]:
+    """cron's part: replan until the job and its parts are final with its steps all done (consolidations also
+    replan on their own). Returns its status row, the steps its progress records count, and what replan said."""
+    progress = state_dir / "progress"
+    deadline = time.monotonic() + timeout
+    said: list[str] = []
+    while True:
+        result = json.loads(cli("replan", "--once", "--json", state=state_dir, env=env).stdout)
+        said += result["events"] + result["actions"]
+        row = status(state_dir, env=env)[job_id]
+        done = job_steps(read_progress(progress)).get(str(job_id), 0)
+        if row["state"] in FINAL and all(p["state"] in FINAL for p in row["slurm"]) and done >= STEPS:
+            return row, done, said
+        assert row["state"] not in ("FAILED", "CANCELLED"), row
+        if time.monotonic() > deadline:
+            raise AssertionError(f"job {job_id} not done: {done} steps, {row}, said {said}")
+        time.sleep(1.0)
+
+
 def test_local_sgd_job_forks_consolidates_and_finishes_over_rounds(tmp_path: Path, state_dir: Path) -> None:
     env = {"SLURMHET_EMULATE_THROUGHPUT": "1", "SLURMHET_FORK_ROUND_S": ROUND_S,
            "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
@@ -70,22 +94,7 @@ def test_local_sgd_job_forks_consolidates_and_finishes_over_rounds(tmp_path: Pat
         assert len({p["nodes"] for p in copies if p["nodes"]}) == len(copies)  # one copy per node
         assert out["allocation"].count("@") == len(copies)
 
-    # cron's part: replan until the job's steps are all done (consolidations also replan on their own).
-    progress = state_dir / "progress"
-    deadline = time.monotonic() + 110
-    events: list[str] = []
-    while True:
-        result = json.loads(cli("replan", "--once", "--json", state=state_dir, env=env).stdout)
-        events += result["events"] + result["actions"]
-        row = status(state_dir, env=env)[job_id]
-        done = job_steps(read_progress(progress)).get(str(job_id), 0)
-        if row["state"] in FINAL and all(p["state"] in FINAL for p in row["slurm"]) and done >= STEPS:
-            break
-        assert row["state"] not in ("FAILED", "CANCELLED"), row
-        if time.monotonic() > deadline:
-            raise AssertionError(f"job {job_id} not done: {done} steps, {row}, events {events}")
-        time.sleep(1.0)
-
+    row, done, _ = _replan_until_done(state_dir, job_id, env)
     assert row["state"] == "COMPLETED", row
     assert done == STEPS  # aggregated over the copies of every round, no more and no less
     parts = row["slurm"]
@@ -147,3 +156,39 @@ def test_a_round_consolidates_on_another_copy_type_when_the_first_ones_nodes_dra
     finally:
         subprocess.run(["scontrol", "update", f"nodename={first}", "state=resume"], timeout=30)
         cli("cancel", str(out["job_id"]), state=state_dir, env=env, check=False)
+
+
+def test_a_submit_killed_as_sbatch_took_its_rounds_consolidation_is_adopted_as_the_round(
+        tmp_path: Path, state_dir: Path, leftovers: list[str]) -> None:
+    """`slurmhet submit` is killed while sbatch has taken round 0's consolidation but not yet answered: Slurm runs
+    the copies and the consolidation, the store has none of them. The next replan adopts them as round 0 (arrays
+    and a consolidation, the round's record), so the round's end is judged as a round's: the job goes on to its
+    next round and ends with every step. Adopted as one plain job, it read COMPLETED when round 0 ended."""
+    wait_until_empty()  # the copies need idle nodes
+    since = datetime.now() - timedelta(seconds=10)
+    env = {"SLURMHET_EMULATE_THROUGHPUT": "1", "SLURMHET_FORK_ROUND_S": ROUND_S,
+           "PATH": f"{REPO / '.venv' / 'bin'}:{os.environ['PATH']}"}
+    checkpoints = tmp_path / "ckpt"
+    checkpoints.mkdir()
+    spec = _spec(tmp_path / "fork.yaml", checkpoints)
+    slow_env, noted = slow_sbatch(tmp_path / "slowbin", 120, only="--dependency=")
+    proc = start_cli(state_dir, "submit", str(spec), env={**env, "PATH": f"{slow_env['PATH']}:{env['PATH']}"})
+    (consolidation,) = wait_file_lines(noted, 1, proc=proc)
+    kill_group(proc)  # the submit and its stalled sbatch: Slurm has round 0, the store has no part of it
+    leftovers.append(consolidation)
+    [row] = status(state_dir, env=env).values()
+    job_id = row["id"]
+    assert row["state"] == "PENDING" and row["slurm"] == [], row
+
+    row, done, said = _replan_until_done(state_dir, job_id, env)
+    assert row["state"] == "COMPLETED" and done == STEPS, (row, done, said)
+    parts = row["slurm"]
+    round0 = [p for p in parts if p["round"] == 0]
+    assert [p["role"] for p in round0][-1] == "consolidation" and round0[-1]["id"] == consolidation, parts
+    assert len(round0) >= 3 and {p["role"] for p in round0[:-1]} == {"array"}, parts  # its copies, each task
+    assert len(parts) > len(round0), parts  # round 0 did not end the job: replan dispatched the rest
+    assert {e[0] for e in events(state_dir, kind="adopted")} == {job_id}
+    assert [e for e in events(state_dir, job_id, kind="forked") if "(round 0," in e[2]], said
+    # Nothing ran twice: every Slurm job tagged for it is on record, round 0's the ones sbatch took before the kill.
+    in_slurm = slurm_jobs_of_store(store_tag(state_dir), since)[job_id]
+    assert {p["id"] for p in parts} == set(in_slurm), (parts, in_slurm)

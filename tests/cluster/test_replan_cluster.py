@@ -250,7 +250,7 @@ def test_replan_killed_midway_loses_and_duplicates_nothing(
     for job_id in ids:
         parts = rows[job_id]["slurm"]
         assert [p["id"] for p in parts] == [slurm_ids[job_id]], (job_id, parts)
-        assert (parts[0]["role"] == "adopted") == (job_id in orphans)
+        assert parts[0]["role"] == "batch", parts  # an orphan recorded as its cut-off dispatch would have
     assert {e[0] for e in events(state_dir, kind="adopted")} == orphans
     rows = wait_for(state_dir, ids, timeout=180)
     assert all(rows[i]["state"] == "COMPLETED" for i in ids), rows
@@ -286,7 +286,9 @@ def test_replan_killed_between_sbatch_and_record_adopts_the_orphan(
     slurm_ids = one_slurm_job_each(store_tag(state_dir), since, ids)
     assert slurm_ids[owner] == orphan
     row = status(state_dir)[owner]
-    assert [(p["id"], p["role"]) for p in row["slurm"]] == [(orphan, "adopted")]
+    assert [(p["id"], p["role"]) for p in row["slurm"]] == [(orphan, "batch")]
+    # From the dispatch's mark: the GPUs it asked for, which report and the failure rules read.
+    assert row["slurm"][0]["gpu_type"] in ("v100", "t4", "k80") and row["slurm"][0]["gpus"] == 1, row
     assert [e[0] for e in events(state_dir, kind="adopted")] == [owner]
     rows = wait_for(state_dir, ids, timeout=180)
     assert all(rows[i]["state"] == "COMPLETED" for i in ids), rows
@@ -327,7 +329,7 @@ def test_a_killed_replans_orphan_that_ended_and_left_the_queue_is_adopted_from_s
     assert adopted_by(again.stdout) == {owner: orphan}, again.stdout
     assert set(submitted_by(again.stdout)) == set(ids) - {owner}, again.stdout
     row = status(state_dir)[owner]
-    assert row["state"] == "COMPLETED" and [(p["id"], p["role"]) for p in row["slurm"]] == [(orphan, "adopted")], row
+    assert row["state"] == "COMPLETED" and [(p["id"], p["role"]) for p in row["slurm"]] == [(orphan, "batch")], row
     [(_, _, found)] = events(state_dir, owner, kind="adopted")
     assert found == f"Slurm job {orphan} found by its comment tag, ended COMPLETED", found
     rows = wait_for(state_dir, ids, timeout=180)

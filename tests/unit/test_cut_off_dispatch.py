@@ -5,7 +5,7 @@ store's mark, the sacct query over each series' recorded output, the adoption an
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import pytest
 from sqlalchemy import select
@@ -17,8 +17,12 @@ from slurmhet.slurm.profile import SiteProfile
 from slurmhet.spec import load_text
 from slurmhet.store import Database, JobState, create_job, get_job, list_jobs
 from slurmhet.store.models import Event
-from slurmhet.submission import Candidate, Dispatcher, dispatches, plan_for
-from slurmhet.sync import CLOCK_SLACK, DISPATCHING, adopt_ended, adopt_orphans, ask_slurm, cut_off_since, sync_jobs
+from slurmhet.emit.multipart import expected_rows
+from slurmhet.replan import owed_cancels
+from slurmhet.slurm.parsers import QueueRecord
+from slurmhet.submission import Candidate, Dispatcher, dispatches, next_round, plan_for
+from slurmhet.sync import (CANCELLING, CLOCK_SLACK, DISPATCHING, adopt_ended, adopt_orphans, ask_slurm, cut_off_since,
+                           forked_round, sync_jobs)
 from slurmhet.throughput import ThroughputTable
 from tests.unit.recorded import Recorded
 from tests.unit.test_sync_profile import FakeRunner
@@ -145,3 +149,103 @@ def test_a_cut_off_dispatch_of_a_job_now_placed_is_not_looked_for(db: Database) 
         session.add(Event(job_id=job.id, kind=DISPATCHING, message="", data={}))
     with db.snapshot() as session:
         assert cut_off_since(session, "root") is None
+
+
+class Accepting:
+    """sbatch that numbers jobs as Slurm does; killed at call ``kill_at``: the command dies there, after sbatch
+    took that call's job (``took_it``) or before (not)."""
+
+    def __init__(self, kill_at: int, took_it: bool) -> None:
+        self.kill_at, self.took_it, self.accepted = kill_at, took_it, []  # type: ignore[var-annotated]
+
+    def submit(self, options: Sequence[str], script: str) -> str:
+        slurm_id = str(200 + len(self.accepted))
+        if len(self.accepted) == self.kill_at:
+            if self.took_it:
+                self.accepted.append(slurm_id)
+            raise KeyboardInterrupt
+        self.accepted.append(slurm_id)
+        return slurm_id
+
+
+def _forked_dispatch(db: Database, tmp_path: Path) -> tuple[int, Any, Settings]:
+    """A forkable job planned on nodea's v100, forked onto the idle t4 and k80 too: arrays and a consolidation."""
+    from tests.unit.test_forking import INVENTORY, TABLE as RATES_TABLE, _jp, _plan, _spec
+
+    spec = _spec()
+    with db.transaction() as session:
+        job_id = create_job(session, spec, "alice", "f.yaml").id
+    settings = Settings(state_dir=tmp_path, database_url="sqlite://")
+    plan = _plan(_jp(str(job_id), (("nodea", "v100", 1),)))
+    [dispatch] = dispatches(plan, {job_id: spec}, PROFILE, settings, INVENTORY, db.instance, table=RATES_TABLE)
+    assert dispatch.fork is not None and [p.role for p in dispatch.parts][-1] == "consolidation"
+    return job_id, (dispatch, plan), settings
+
+
+def _in_queue(slurm_ids: Sequence[str], roles: Sequence[str], tasks: Sequence[Sequence[int]], tag: str
+              ) -> list[QueueRecord]:
+    """squeue's records of what sbatch took: each array task on its own, running; a consolidation waiting."""
+    out = []
+    for slurm_id, role, indices in zip(slurm_ids, roles, tasks):
+        if role == "array":
+            out += [QueueRecord(f"{int(slurm_id) + 50 + i}", None, None, slurm_id, i, "j", "RUNNING", "", tag, "alice",
+                                "nodeb") for i in indices]
+        else:
+            out.append(QueueRecord(slurm_id, None, None, None, None, "j", "PENDING", "Dependency", tag, "alice", ""))
+    return out
+
+
+def test_a_cut_off_forked_round_is_adopted_as_its_round_and_a_half_submitted_one_is_cancelled(
+        db: Database, tmp_path: Path) -> None:
+    """Killed as sbatch took its consolidation, a forked round was adopted as one plain job: its copies ended, the
+    job read COMPLETED with steps left. Now every copy and the consolidation are recorded as the dispatch would
+    have (roles, round, tasks, the pinned copies), and the Job Tracker judges the round. Killed between its
+    arrays and its consolidation, the copies in Slurm are retired and cancelled: no round runs unconsolidated."""
+    job_id, (dispatch, plan), settings = _forked_dispatch(db, tmp_path)
+    fork, roles = dispatch.fork, [p.role for p in dispatch.parts]
+    tasks = [[row.get("array_task") for row in rows] for rows in expected_rows(dispatch.parts, job_id)]
+    tag = f"slurmhet:{job_id}@{db.instance}"
+    sbatch = Accepting(kill_at=len(roles) - 1, took_it=True)
+    with pytest.raises(KeyboardInterrupt):
+        Dispatcher(db, sbatch, PROFILE, settings, None).submit(dispatch, plan)  # type: ignore[arg-type]
+    assert _marks(db) == [job_id] and len(sbatch.accepted) == len(roles)
+    queue = _in_queue(sbatch.accepted, roles, tasks, tag)
+    with db.transaction() as session:
+        [job] = list_jobs(session, states=STATES)
+        actions = adopt_orphans(session, [job], queue, db.instance, "alice")
+        assert actions == [f"adopted Slurm job {i} for job {job_id}" for i in sbatch.accepted]
+        assert job.state is JobState.SUBMITTED
+        got = [(p.slurm_job_id, p.role, p.round, p.array_task) for p in job.slurm_jobs]
+        assert got == [(slurm_id, role, fork.round, task) for slurm_id, role, indices in zip(sbatch.accepted, roles, tasks)
+                       for task in indices]
+        assert all(p.state == "RUNNING" for p in job.slurm_jobs if p.role == "array")
+        last = forked_round(job)
+        assert last is not None and last.slurm_job_id == sbatch.accepted[-1] and last.state == "PENDING"
+        dependency = "--dependency=afterany:" + ":".join(sbatch.accepted[:-1])
+        assert last.argv[0] == "sbatch" and dependency in last.argv, last.argv  # as sbatch was called
+        assert job.plan["forked"] == fork.record() and job.plan["slots"] == [list(s) for s in fork.slots]
+        assert next_round(job) == fork.round + 1
+        kinds = [e.kind for e in session.scalars(select(Event).where(Event.job_id == job_id))]
+        assert "forked" in kinds and DISPATCHING not in kinds
+    with db.transaction() as session:  # a second pass changes nothing
+        [job] = list_jobs(session, states=STATES)
+        assert adopt_orphans(session, [job], queue, db.instance, "alice") == []
+
+    # Killed before sbatch took the consolidation: the arrays alone are in Slurm.
+    job_id, (dispatch, plan), settings = _forked_dispatch(db, tmp_path)
+    tag = f"slurmhet:{job_id}@{db.instance}"
+    sbatch = Accepting(kill_at=len(roles) - 1, took_it=False)
+    with pytest.raises(KeyboardInterrupt):
+        Dispatcher(db, sbatch, PROFILE, settings, None).submit(dispatch, plan)  # type: ignore[arg-type]
+    queue = _in_queue(sbatch.accepted, roles, tasks, tag)
+    with db.transaction() as session:
+        job = get_job(session, job_id)
+        assert job is not None
+        [action] = adopt_orphans(session, [job], queue, db.instance, "alice")
+        assert action.startswith(f"job {job_id}: Slurm job(s) {','.join(sbatch.accepted)} found by their comment tag "
+                                 f"are {len(sbatch.accepted)} of the {len(roles)}")
+        assert job.state is JobState.PENDING and forked_round(job) is None and next_round(job) == 0
+        assert [(p.slurm_job_id, p.role, p.state) for p in job.slurm_jobs] == [
+            (i, "superseded", CANCELLING) for i in sbatch.accepted]
+        assert owed_cancels([job], queue) == sbatch.accepted  # replan cancels them before it dispatches again
+    assert _marks(db) == []
