@@ -603,7 +603,10 @@ class Dispatcher:
             job.slurm_jobs.append(SlurmJob(**row))
         ids = shown_ids(rows)
         job.attempts += 1
-        clear_dispatching(session, job)
+        if outcome.ok or not outcome.maybe_submitted:
+            # Kept where sbatch may have taken a part without answering: the next replan looks for it as for a
+            # cut-off dispatch (squeue, then sacct), so a part that ran and left the queue is not run again.
+            clear_dispatching(session, job)
         if outcome.ok:
             job.state, job.reason = JobState.SUBMITTED, ""
             add_event(session, job, "submitted", "Slurm job(s) " + ",".join(ids), slurm_job_ids=ids,
@@ -649,7 +652,8 @@ class Dispatcher:
                 job = get_job(session, job_id)
                 assert job is not None
                 job.attempts += 1
-                clear_dispatching(session, job)
+                if exc.returncode is not None:  # a timeout may hide a job sbatch took: see _record
+                    clear_dispatching(session, job)
                 job.state, job.reason = JobState.SUBMIT_FAILED, exc.message
                 add_event(session, job, "submit_failed", exc.message, argv=exc.argv)
             return Outcome(job_id, spec.name, "SUBMIT_FAILED", [], describe(job_plan.allocation), exc.message)

@@ -249,3 +249,50 @@ def test_a_cut_off_forked_round_is_adopted_as_its_round_and_a_half_submitted_one
             (i, "superseded", CANCELLING) for i in sbatch.accepted]
         assert owed_cancels([job], queue) == sbatch.accepted  # replan cancels them before it dispatches again
     assert _marks(db) == []
+
+
+class TimingOut:
+    """sbatch that takes the job and times out before answering, with squeue down too: nobody can tell."""
+
+    def __init__(self) -> None:
+        self.accepted: list[str] = []
+
+    def submit(self, options: Sequence[str], script: str) -> str:
+        from slurmhet.slurm.runner import SlurmCommandError
+
+        self.accepted.append("300")
+        raise SlurmCommandError(["sbatch", *options], None, "", "", note="timed out after 8 s")
+
+    def queue(self, job_ids: object = None) -> list[QueueRecord]:
+        from slurmhet.slurm.runner import SlurmCommandError
+
+        raise SlurmCommandError(["squeue"], 1, "", "slurm_load_jobs error: Socket timed out")
+
+
+def test_a_dispatch_sbatch_may_have_taken_without_answering_keeps_its_mark_until_slurm_says(
+        db: Database, tmp_path: Path) -> None:
+    """sbatch timed out and squeue could not say either: SUBMIT_FAILED, maybe submitted. The mark stays, so the
+    next replan looks for the job in squeue and, once it has left the queue, in sacct: found, it is adopted as the
+    dispatch's part; not found in either, the mark goes and the job is dispatched again as before."""
+    with db.transaction() as session:
+        ids = [create_job(session, SPEC, "alice", "f.yaml").id for _ in range(2)]
+    inventory = Inventory((Node("nodeb", {"t4": 2}),))
+    settings = Settings(state_dir=tmp_path, database_url="sqlite://")
+    plan = plan_for([Candidate(i, SPEC, 0.0) for i in ids], inventory, TABLE, "slurmhet", now=0.0)
+    for dispatch in dispatches(plan, {i: SPEC for i in ids}, PROFILE, settings, inventory, db.instance, table=TABLE):
+        [outcome] = Dispatcher(db, TimingOut(), PROFILE, settings, None).submit(dispatch, plan)  # type: ignore[arg-type]
+        assert outcome.state == "SUBMIT_FAILED" and outcome.reason.startswith("timed out after 8 s"), outcome
+    assert sorted(i for i in _marks(db) if i is not None) == ids
+    took, did_not = ids
+    ran = QueueRecord("300", None, None, None, None, "a", "RUNNING", "", f"slurmhet:{took}@{db.instance}", "alice",
+                      "nodeb")
+    with db.transaction() as session:
+        jobs = list_jobs(session, states=STATES)
+        assert adopt_orphans(session, jobs, [ran], db.instance, "alice") == [f"adopted Slurm job 300 for job {took}"]
+        assert adopt_ended(session, jobs, [], db.instance, "alice", tmp_path) == []  # sacct has no other
+        by_id = {j.id: j for j in jobs}
+        assert by_id[took].state is JobState.SUBMITTED
+        assert [(p.slurm_job_id, p.role, p.gpu_type, p.state) for p in by_id[took].slurm_jobs] == [
+            ("300", "batch", "t4", "RUNNING")]
+        assert by_id[did_not].state is JobState.SUBMIT_FAILED and by_id[did_not].slurm_jobs == []
+    assert _marks(db) == []
