@@ -35,6 +35,12 @@ def validate(files: tuple[str, ...]) -> None:
                    + (f" [group {spec.group}]" if spec.group else ""))
 
 
+#: What ``cluster`` says where sacct keeps no job comments (``SiteProfile.job_comments``).
+NO_JOB_COMMENTS = ("sacct keeps no job comments here (AccountingStoreFlags lacks job_comment): a job whose "
+                   "submit or replan was cut off after sbatch, and which ended and left the queue before the next "
+                   "replan, cannot be found by its tag and is submitted again; an admin can add job_comment")
+
+
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 @click.pass_obj
@@ -52,7 +58,8 @@ def cluster(obj: Context, as_json: bool) -> None:
     others = by_type(gpus_held(world, obj.db.instance)["others"])
     limits = {"accounting": world.accounting, "user": user, "account": access.account, "qos": access.qos,
               "gpu_cap": access.gpu_cap, "gpu_cap_source": access.cap_source, "job_gpu_cap": access.job_gpu_cap,
-              "partitions": list(access.partitions), "refused": dict(access.refused), "gpu_types": list(access.types)}
+              "partitions": list(access.partitions), "refused": dict(access.refused), "gpu_types": list(access.types),
+              "job_comments": obj.profile.job_comments}
     if as_json:
         _emit_json({"nodes": [{"name": n.name, "gpus": dict(n.gpus), "features": list(n.features), "state": n.state,
                                "mps": n.mps, "shards": n.shards} for n in inventory.nodes],
@@ -83,6 +90,8 @@ def cluster(obj: Context, as_json: bool) -> None:
     else:
         cap = f"{access.gpu_cap} GPUs at once ({access.cap_source})" if access.gpu_cap is not None else "no GPU cap"
         console.print(f"{user}: account {access.account or '-'}, QOS {access.qos}, {cap}", markup=False)
+    if obj.profile.job_comments is False:
+        console.print(NO_JOB_COMMENTS, markup=False)
 
 
 @main.command()

@@ -33,6 +33,9 @@ class SiteProfile:
     conf_stamp: str = ""
     #: How jobs run container images: "pyxis" (srun --container-image), "apptainer"/"singularity", or "none".
     container_runtime: str = "none"
+    #: Whether sacct keeps a job's ``--comment`` (AccountingStoreFlags=job_comment): the tag by which a cut-off
+    #: dispatch's job is found once it has left the queue (``sync.ask_slurm``). None: not probed (an older cache).
+    job_comments: bool | None = None
 
     @property
     def major(self) -> int:
@@ -78,6 +81,7 @@ def probe(client: SlurmClient) -> SiteProfile:
         has_mps=any(n.mps for n in nodes),
         has_shard=any(n.shards for n in nodes),
         conf_stamp=_conf_stamp(),
+        job_comments=accounting and "job_comment" in config.get("AccountingStoreFlags", "").split(","),
     )
 
 

@@ -72,6 +72,7 @@ def test_a_flexible_job_starts_on_idle_t4s_while_a_foreign_job_holds_the_v100s_f
     view = json.loads(cli("cluster", "--json", state=state_dir).stdout)
     assert view["others"]["v100"] == 4, view["others"]
     assert {(p["partition"], p["gpu_type"]): p["others"] for p in view["partitions"]}[("v100", "v100")] == 4
+    assert view["limits"]["job_comments"] is True  # probed: the dev cluster keeps comments in sacct
 
 
 def test_a_flexible_job_waits_for_a_v100_when_its_release_plus_the_v100_run_beats_the_t4_run(

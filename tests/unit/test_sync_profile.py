@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -131,6 +132,10 @@ def test_profile_probe_cache_and_overrides(rec: Recorded, tmp_path: Path) -> Non
     assert profile.slurm_version == version and profile.accounting and profile.major == rec.version[0]
     assert profile.max_array_size == 1001 and profile.gpu_request_style == "gpus-per-node"
     assert profile.has_mps and profile.has_shard and not profile.spank_plugin
+    assert profile.job_comments is True  # the dev cluster's AccountingStoreFlags=job_comment
+    config = rec.read("scontrol_show_config.txt")
+    bare = {**_answers(rec), "scontrol show config": re.sub(r"(?m)^AccountingStoreFlags\s*=.*\n", "", config)}
+    assert load_profile(SlurmCli(FakeRunner(bare)), tmp_path / "bare.json", SlurmOverrides()).job_comments is False
     calls = len(runner.calls)
     again = load_profile(SlurmCli(runner), cache, SlurmOverrides(gpu_request_style="gres", max_array_size=50))
     assert len(runner.calls) == calls  # served from the cache
