@@ -39,7 +39,8 @@ from slurmhet.submission import (PLACED, UNPLACED, Candidate, Dispatcher, after_
                                  stored_allocation, unplaceable)
 from slurmhet.site_table import learned_table, site_table
 from slurmhet.sync import (CANCELLING, LIVE_PART_STATES, adopt_ended, adopt_lost_rerun, adopt_orphans, ask_slurm, cut_off,
-                           finished_waiting, forked_round, lost_consolidation, settle_finished, sync_jobs)
+                           finished_waiting, forked_round, lost_consolidation, settle_finished, still_cut_off,
+                           sync_jobs)
 from slurmhet.throughput import ThroughputTable, canonical_key
 
 #: A refused job is retried this many times, then left SUBMIT_FAILED for a person to look at.
@@ -410,7 +411,8 @@ class Replanner:
             mine = [j for j in jobs if j.owner == self.owner]
             result.actions += adopt_orphans(session, mine, queue, self.db.instance, self.owner)
             result.actions += adopt_ended(session, mine, answers.ended, self.db.instance, self.owner,
-                                          self.settings.progress_dir)
+                                          self.settings.progress_dir, answers.behind)
+            unsettled = still_cut_off(session, mine)
             result.actions += adopt_lost_rerun(session, mine, queue, self.db.instance, self.owner)
             # A forked job's round ending is the Job Tracker's to judge (next round, or done): see job_tracker.
             result.events += [f"job {j.id} ({j.name}) ended {j.state.value}" for j in jobs
@@ -459,7 +461,8 @@ class Replanner:
             live_jobs = [j for j in live_jobs if not j.state.final and j.id not in mine_doomed]
             candidates = [c if c is None else with_verdicts(c, found)
                           for c in (with_progress(j, steps, saved) for j in live_jobs)]
-            retry_capped = {j.id for j in mine if j.state is JobState.SUBMIT_FAILED and j.attempts >= MAX_SUBMIT_ATTEMPTS}
+            kept_back = unsettled | {j.id for j in mine
+                                     if j.state is JobState.SUBMIT_FAILED and j.attempts >= MAX_SUBMIT_ATTEMPTS}
         if owed and not dry_run:
             self._cancel(owed)
         dispatcher = Dispatcher(self.db, self.client, self.profile, self.settings, self.runner)
@@ -487,7 +490,7 @@ class Replanner:
         plan = plan_for(candidates, inventory, table, self.settings.default_policy, now, shared=shared, only=moved,
                         startup=startup, max_wait_s=self.settings.max_wait_s)
         ready = {c.job_id: c.spec for c in candidates
-                 if c.current is None and c.owner == self.owner and c.job_id not in retry_capped}
+                 if c.current is None and c.owner == self.owner and c.job_id not in kept_back}
         plan, queued = queue_overdue(plan, candidates, ready, inventory, self.settings.max_wait_s)
         work = dispatches(plan, ready, self.profile, self.settings, inventory, self.db.instance, table=table,
                           steps_done={c.job_id: int(c.samples_done // c.spec.global_batch) for c in candidates},

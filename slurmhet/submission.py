@@ -724,7 +724,7 @@ def submit_new(db: Database | None, dispatcher_args: tuple[SlurmClient, SiteProf
             sync_jobs(session, jobs, view, settings.progress_dir)
             adopt_orphans(session, [j for j in jobs if j.owner == owner], queue, db.instance, owner)
             adopt_ended(session, [j for j in jobs if j.owner == owner], answers.ended, db.instance, owner,
-                        settings.progress_dir)
+                        settings.progress_dir, answers.behind)
             found = dependency_verdicts(session, jobs)
             cancel_doomed(session, [j for j in jobs if j.owner == owner], found.doomed, client.cancel)
             # A concurrent submit or replan may already have placed some of our new jobs: they are now

@@ -268,6 +268,9 @@ class SlurmAnswers:
     view: SlurmView
     queue: list[QueueRecord]
     ended: list[AccountingRecord] | None = None
+    #: Records slurmctld had yet to hand slurmdbd just before sacct was asked (``SlurmClient.accounting_backlog``):
+    #: while any are left, sacct may yet lack a cut-off dispatch's job, so its absence proves nothing.
+    behind: int = 0
 
 
 def ask_slurm(db: Database, client: SlurmClient, states: Sequence[JobState], owner: str) -> SlurmAnswers:
@@ -281,16 +284,18 @@ def ask_slurm(db: Database, client: SlurmClient, states: Sequence[JobState], own
     if since is None:
         return SlurmAnswers(view, queue)
     listed = {r.root_id for r in queue}
+    behind = client.accounting_backlog() or 0  # first: what slurmctld had handed over by now, sacct then shows
     ended = [r for r in client.accounting(since=since - CLOCK_SLACK, user=owner)
              if not r.id.is_step and r.id.job not in listed]
-    return SlurmAnswers(view, queue, ended)
+    return SlurmAnswers(view, queue, ended, behind)
 
 
 def adopt_ended(session: Session, jobs: Sequence[Job], ended: Sequence[AccountingRecord] | None, store_tag: str,
-                owner: str, progress_dir: Path) -> list[str]:
+                owner: str, progress_dir: Path, behind: int = 0) -> list[str]:
     """:func:`adopt_orphans` for Slurm jobs of cut-off dispatches that only sacct still lists (``ended``: see
     :class:`SlurmAnswers`), each job then settled from its record; the other cut-off dispatches' marks go, as
-    neither squeue nor sacct has a job for them (sbatch did not accept it)."""
+    neither squeue nor sacct has a job for them (sbatch did not accept it). While slurmdbd is ``behind``, the
+    marks stay and their jobs are not dispatched again (:func:`still_cut_off`): sacct may yet list them."""
     if ended is None:
         return []
     records = [QueueRecord(r.raw_id, r.id.job if r.id.het_offset is not None else None, r.id.het_offset,
@@ -302,9 +307,24 @@ def adopt_ended(session: Session, jobs: Sequence[Job], ended: Sequence[Accountin
     sync_jobs(session, [j for j in waiting if j.state not in UNPLACED], SlurmView(accounting=tuple(ended)),
               progress_dir)
     for job in waiting:
-        if job.state in UNPLACED:
+        if job.state not in UNPLACED:
+            continue
+        if behind:
+            job.reason = (f"its dispatch was cut off and slurmdbd is {behind} record(s) behind: not dispatched "
+                          "again until sacct can say whether sbatch took it")
+            actions.append(f"job {job.id}: {job.reason}")
+        else:
             clear_dispatching(session, job)
     return actions
+
+
+def still_cut_off(session: Session, jobs: Sequence[Job]) -> set[int]:
+    """Unplaced jobs whose cut-off dispatch is not settled yet (its mark outlived :func:`adopt_ended`): not
+    dispatched again this time, so that a Slurm job sacct does not show yet never runs twice."""
+    unplaced = [j.id for j in jobs if j.state in UNPLACED]
+    if not unplaced:
+        return set()
+    return set(session.scalars(select(Event.job_id).where(Event.kind == DISPATCHING, Event.job_id.in_(unplaced))))
 
 
 def sync_jobs(session: Session, jobs: list[Job], view: SlurmView, progress_dir: Path) -> int:

@@ -534,6 +534,13 @@ def parse_scontrol_config(text: str) -> dict[str, str]:
     return out
 
 
+def parse_sdiag_dbd_backlog(text: str) -> int | None:
+    """``sdiag``'s "DBD Agent queue size": records (job starts and ends among them) slurmctld holds for
+    slurmdbd, which sacct does not show yet. None where sdiag does not say."""
+    match = re.search(r"^DBD Agent queue size:\s*(\d+)\s*$", text, re.M)
+    return int(match.group(1)) if match else None
+
+
 def parse_version(text: str) -> tuple[int, int, int]:
     """``slurm 22.05.8`` -> (22, 5, 8)."""
     match = re.search(r"(\d+)\.(\d+)\.(\d+)", text)

@@ -96,6 +96,9 @@ class PyslurmClient:
     def release_requeue_hold(self, job_ids: Sequence[str]) -> None:
         self.cli.release_requeue_hold(job_ids)
 
+    def accounting_backlog(self) -> int | None:
+        return self.cli.accounting_backlog()
+
     def queue(self, job_ids: Sequence[str] | None = None) -> list[QueueRecord]:
         """squeue --json through the runner, as the command-line client reads it: the open world needs every
         field of a record (GPUs held per node, requests, partition, priority, time limit, reservation), which

@@ -317,17 +317,44 @@ json.dump(data, sys.stdout)
     return {"PATH": f"{directory}:{os.environ.get('PATH', '')}"}
 
 
+def _slurmdbd_behind(directory: Path, hidden: str, backlog: int) -> dict[str, str]:
+    """PATH entries for slurmdbd lagging behind slurmctld (as after it was away): ``sdiag`` reports ``backlog``
+    records still queued for it, and ``sacct`` does not list Slurm job ``hidden`` yet; squeue has forgotten it
+    (:func:`_squeue_leaving_out`). Every other answer is the real command's."""
+    env = _squeue_leaving_out(directory, hidden)
+    real = shutil.which("sacct")
+    assert real, "sacct is not installed"
+    (directory / "sacct").write_text(f"""#!{sys.executable}
+import subprocess, sys
+out = subprocess.run([{real!r}, *sys.argv[1:]], capture_output=True, text=True)
+sys.stderr.write(out.stderr)
+keep = [l for l in out.stdout.splitlines(True) if l.split("|")[0].split(".")[0].split("_")[0].strip() != {hidden!r}]
+sys.stdout.write("".join(keep))
+sys.exit(out.returncode)
+""")
+    (directory / "sdiag").write_text(f"#!/bin/sh\necho 'DBD Agent queue size: {backlog}'\n")
+    for name in ("sacct", "sdiag"):
+        (directory / name).chmod(0o755)
+    return env
+
+
 def test_a_killed_replans_orphan_that_ended_and_left_the_queue_is_adopted_from_sacct_not_run_again(
         tmp_path: Path, state_dir: Path, since: datetime, leftovers: list[str]) -> None:
     """No replan looked until the orphan had run, ended, and left squeue (stood in for: an squeue that leaves it
     out). The dispatch's mark says it was cut off, so the next replan asks sacct, finds the orphan by its tag,
-    and records its job COMPLETED instead of submitting it a second time."""
+    and records its job COMPLETED instead of submitting it a second time. While slurmdbd is behind (stood in for:
+    sdiag's backlog, a sacct that does not list the orphan yet), the job waits rather than run again."""
     ids, orphan, owner = _killed_between_sbatch_and_record(tmp_path, state_dir, since)
     [ended] = [r for r in accounting([orphan], timeout=120) if not r.id.is_step]
     assert ended.state == "COMPLETED", ended
+    # First slurmdbd lags: sacct does not list the orphan yet, and its absence proves nothing. Its job waits.
+    lagging = replan(state_dir, env=_slurmdbd_behind(tmp_path / "lagging", orphan, 5))
+    assert adopted_by(lagging.stdout) == {} and set(submitted_by(lagging.stdout)) == set(ids) - {owner}, lagging.stdout
+    assert (f"job {owner}: its dispatch was cut off and slurmdbd is 5 record(s) behind: not dispatched again until "
+            "sacct can say whether sbatch took it") in lagging.stdout, lagging.stdout
+    assert status(state_dir)[owner]["state"] == "PENDING"
     again = replan(state_dir, env=_squeue_leaving_out(tmp_path / "aged", orphan))
-    assert adopted_by(again.stdout) == {owner: orphan}, again.stdout
-    assert set(submitted_by(again.stdout)) == set(ids) - {owner}, again.stdout
+    assert adopted_by(again.stdout) == {owner: orphan} and submitted_by(again.stdout) == {}, again.stdout
     row = status(state_dir)[owner]
     assert row["state"] == "COMPLETED" and [(p["id"], p["role"]) for p in row["slurm"]] == [(orphan, "batch")], row
     [(_, _, found)] = events(state_dir, owner, kind="adopted")

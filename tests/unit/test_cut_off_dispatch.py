@@ -4,6 +4,8 @@ store's mark, the sacct query over each series' recorded output, the adoption an
 
 from __future__ import annotations
 
+import re
+
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -19,10 +21,10 @@ from slurmhet.store import Database, JobState, create_job, get_job, list_jobs
 from slurmhet.store.models import Event
 from slurmhet.emit.multipart import expected_rows
 from slurmhet.replan import owed_cancels
-from slurmhet.slurm.parsers import QueueRecord
+from slurmhet.slurm.parsers import QueueRecord, parse_sdiag_dbd_backlog
 from slurmhet.submission import Candidate, Dispatcher, dispatches, next_round, plan_for
 from slurmhet.sync import (CANCELLING, CLOCK_SLACK, DISPATCHING, adopt_ended, adopt_orphans, ask_slurm, cut_off_since,
-                           forked_round, sync_jobs)
+                           forked_round, still_cut_off, sync_jobs)
 from slurmhet.throughput import ThroughputTable
 from tests.unit.recorded import Recorded
 from tests.unit.test_sync_profile import FakeRunner
@@ -86,7 +88,7 @@ def _recorded(rec: Recorded, tag: str, het_for: int, cancelled_for: int) -> dict
     and a cancelled job for ``cancelled_for``."""
     sacct = rec.read("sacct_parsable2_X.txt").replace("|slurmhet:fx-het|", f"|slurmhet:{het_for}@{tag}|") \
         .replace("|slurmhet:fx-running|", f"|slurmhet:{cancelled_for}@{tag}|")
-    return {"squeue --all": '{"jobs": []}', "sacct --parsable2": sacct}
+    return {"squeue --all": '{"jobs": []}', "sacct --parsable2": sacct, "sdiag": rec.read("sdiag.txt")}
 
 
 def test_a_cut_off_dispatch_whose_job_ended_and_left_the_queue_is_adopted_from_sacct_and_settled(
@@ -109,6 +111,8 @@ def test_a_cut_off_dispatch_whose_job_ended_and_left_the_queue_is_adopted_from_s
     assert since is not None
     runner.calls.clear()
     answers = ask_slurm(db, SlurmCli(runner), STATES, "root")
+    assert [c[0] for c in runner.calls][-2:] == ["sdiag", "sacct"]  # slurmdbd's backlog first: see SlurmAnswers
+    assert answers.behind == 0
     [sacct] = [c for c in runner.calls if c[0] == "sacct"]
     assert sacct[sacct.index("--user") + 1] == "root" and "--jobs" not in sacct
     assert sacct[sacct.index("--starttime") + 1] == (since - CLOCK_SLACK).astimezone().strftime("%Y-%m-%dT%H:%M:%S")
@@ -296,3 +300,40 @@ def test_a_dispatch_sbatch_may_have_taken_without_answering_keeps_its_mark_until
             ("300", "batch", "t4", "RUNNING")]
         assert by_id[did_not].state is JobState.SUBMIT_FAILED and by_id[did_not].slurm_jobs == []
     assert _marks(db) == []
+
+
+def test_while_slurmdbd_is_behind_a_cut_off_dispatch_not_found_keeps_its_mark_and_is_not_dispatched_again(
+        rec: Recorded, db: Database, tmp_path: Path) -> None:
+    """slurmctld still holds records for slurmdbd (sdiag's DBD Agent queue), as after slurmdbd was away: sacct may
+    not list the cut-off dispatch's job yet, so not finding it proves nothing. Its mark stays and its job waits;
+    once the backlog is gone, a job sacct does not list was never taken, and it is dispatched again."""
+    with db.transaction() as session:
+        job_id = create_job(session, SPEC, "root", "f.yaml").id
+        session.add(Event(job_id=job_id, kind=DISPATCHING, message="", data={}))
+    answers = _recorded(rec, db.instance, 0, 0)
+    sdiag = answers["sdiag"]
+    assert parse_sdiag_dbd_backlog(sdiag) == 0
+    lagging = re.sub(r"(?m)^DBD Agent queue size:\s*0$", "DBD Agent queue size: 12", sdiag)
+    assert parse_sdiag_dbd_backlog(lagging) == 12 and parse_sdiag_dbd_backlog("Server thread count: 3\n") is None
+    behind = ask_slurm(db, SlurmCli(FakeRunner({**answers, "sdiag": lagging})), STATES, "root")
+    assert behind.behind == 12 and behind.ended is not None
+    with db.transaction() as session:
+        jobs = list_jobs(session, states=STATES)
+        [action] = adopt_ended(session, jobs, behind.ended, db.instance, "root", tmp_path, behind.behind)
+        assert action == (f"job {job_id}: its dispatch was cut off and slurmdbd is 12 record(s) behind: not "
+                          "dispatched again until sacct can say whether sbatch took it")
+        assert still_cut_off(session, jobs) == {job_id} and jobs[0].state is JobState.PENDING
+    assert _marks(db) == [job_id]
+    caught_up = ask_slurm(db, SlurmCli(FakeRunner(answers)), STATES, "root")
+    with db.transaction() as session:
+        jobs = list_jobs(session, states=STATES)
+        assert adopt_ended(session, jobs, caught_up.ended, db.instance, "root", tmp_path, caught_up.behind) == []
+        assert still_cut_off(session, jobs) == set()
+    assert _marks(db) == []
+    # sdiag refused (or a Slurm that does not print the figure): sacct is taken as it stands, as before.
+    with db.transaction() as session:
+        session.add(Event(job_id=job_id, kind=DISPATCHING, message="", data={}))
+    refusing = FakeRunner(answers, fail="sdiag")
+    unknown = ask_slurm(db, SlurmCli(refusing), STATES, "root")
+    assert [c[0] for c in refusing.calls][-2:] == ["sdiag", "sacct"] and unknown.behind == 0
+    assert unknown.ended is not None
