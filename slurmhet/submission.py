@@ -545,10 +545,12 @@ class Dispatcher:
             return [self._submit_entrypoint(first, dispatch.specs[0], plan.job(str(first)), dispatch.after_ok)]
         fork = dispatch.fork
         facts = fork_facts(fork) if fork is not None else None
-        expected = {i: expected_rows(dispatch.parts, i) for i in dispatch.job_ids}
+        expected = expected_rows(dispatch.parts, dispatch.job_ids)
         with self.db.transaction() as session:  # committed before sbatch runs: see sync.DISPATCHING
             mark_dispatching(session, dispatch.job_ids, expected, facts)
-        outcome = MultiPartSubmitter(self.client).submit(dispatch.parts)
+            on_record = {p.slurm_job_id for i in dispatch.job_ids for j in [get_job(session, i)] if j is not None
+                         for p in j.slurm_jobs}
+        outcome = MultiPartSubmitter(self.client, on_record).submit(dispatch.parts)
         with self.db.transaction() as session:
             results = []
             for job_id, spec in zip(dispatch.job_ids, dispatch.specs):
@@ -571,6 +573,7 @@ class Dispatcher:
                 return f"job {job_id}: no lost consolidation to run again"
             spec, forked = parse_job(job.spec, f"store:job {job.id}"), (job.plan or {}).get("forked") or {}
             lost_id, round, cut, argv = lost.slurm_job_id, lost.round, cut_off(lost), list(lost.argv)
+            on_record = {p.slurm_job_id for p in job.slurm_jobs}
         types = [str(copy[1]) for copy in forked.get("copies") or ()]
         if not types:
             return f"job {job_id}: round {round}'s copies are not on record; its consolidation cannot run again"
@@ -579,7 +582,7 @@ class Dispatcher:
         partition = next((a.split("=", 1)[1] for a in argv if a.startswith("--partition=")), None)
         if partition:  # where the first run was sent, as the round's copies' partitions were then
             request = replace(request, common=replace(request.common, partition=partition))
-        outcome = MultiPartSubmitter(self.client).submit([Part(request)])
+        outcome = MultiPartSubmitter(self.client, on_record).submit([Part(request)])
         with self.db.transaction() as session:
             job = get_job(session, job_id)
             assert job is not None

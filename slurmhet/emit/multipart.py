@@ -11,7 +11,7 @@ carries ``--comment=slurmhet:<id>``, so the next sync/replan finds and settles i
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from slurmhet.emit.requests import (ArrayRequest, BatchRequest, ConsolidationRequest, HetJobRequest, Materialized,
                                     PackRequest, SweepArrayRequest, option_value)
@@ -78,18 +78,16 @@ class SubmittedPart:
         return [{**base, "round": r.round}]
 
 
-def expected_rows(parts: Sequence[Part], job_id: int) -> list[list[dict[str, Any]]]:
-    """Each part's store rows for ``job_id`` before sbatch names it, in submission order: what a dispatch's mark
+def expected_rows(parts: Sequence[Part], job_ids: Sequence[int]) -> dict[int, list[list[dict[str, Any]]]]:
+    """Each job's store rows per part before sbatch names the parts, in submission order: what a dispatch's mark
     keeps, so that a cut-off dispatch's Slurm jobs are recorded as its outcome would have been
     (``sync.adopt_orphans``). Ids are not known yet: :func:`with_ids` fills them in (a consolidation's argv
-    names the earlier parts in its dependency)."""
-    out = []
-    for part in parts:
-        request = part.resolved([_unknown(k) for k in range(len(parts))])
-        argv = tuple(request.materialize().sbatch_argv())
-        rows = SubmittedPart(part.role, "", request, argv).store_rows(job_id)
-        out.append([{k: v for k, v in row.items() if k != "slurm_job_id"} for row in rows])
-    return out
+    names the earlier parts in its dependency). Each part is rendered once, however many jobs share it."""
+    placeholders = [_unknown(k) for k in range(len(parts))]
+    shown = [SubmittedPart(part.role, "", request, tuple(request.materialize().sbatch_argv()))
+             for part in parts for request in [part.resolved(placeholders)]]
+    return {job_id: [[{k: v for k, v in row.items() if k != "slurm_job_id"} for row in part.store_rows(job_id)]
+                     for part in shown] for job_id in job_ids}
 
 
 def with_ids(rows: Sequence[dict[str, Any]], ids: Sequence[str], k: int) -> list[dict[str, Any]]:
@@ -142,10 +140,15 @@ class MultiPartOutcome:
 
 
 class MultiPartSubmitter:
-    """Submits parts in order through a SlurmClient; undoes earlier parts when a later one fails."""
+    """Submits parts in order through a SlurmClient; undoes earlier parts when a later one fails.
 
-    def __init__(self, client: SlurmClient) -> None:
-        self.client = client
+    ``on_record``: Slurm jobs the store already holds for the jobs being submitted. They carry the same comment
+    tag (an earlier round, the consolidation whose replan is submitting the next round), so a search by tag
+    after a timeout must leave them be: cancelling them would end work that is the job's own.
+    """
+
+    def __init__(self, client: SlurmClient, on_record: Iterable[str] = ()) -> None:
+        self.client, self.on_record = client, frozenset(on_record)
 
     def submit(self, parts: Sequence[Part]) -> MultiPartOutcome:
         done: list[SubmittedPart] = []
@@ -165,7 +168,7 @@ class MultiPartSubmitter:
         unknown = isinstance(exc, SlurmOutputError) or exc.returncode is None
         ids = [p.slurm_job_id for p in done]
         if unknown:
-            found = self._find_by_comment(option_value(rendered.argv, "comment"), known=set(ids))
+            found = self._find_by_comment(option_value(rendered.argv, "comment"), known=set(ids) | self.on_record)
             unknown = found is None
             ids += found or []
         cancelled: tuple[str, ...] = ()

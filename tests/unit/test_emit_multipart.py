@@ -87,3 +87,19 @@ def test_timeout_with_slurmctld_gone_says_a_part_may_exist() -> None:
     client = FakeClient(refuse_at=0, timeout=True, queue_fails=True)
     outcome = MultiPartSubmitter(client).submit(_parts())  # type: ignore[arg-type]
     assert not outcome.ok and outcome.maybe_submitted and outcome.submitted == () and client.cancelled == []
+
+
+def test_a_timed_out_sbatch_cancels_what_it_submitted_not_the_jobs_parts_on_record() -> None:
+    """The search by tag after a timeout found every queued job of the same slurmhet job: a replan run by a round's
+    consolidation, its sbatch of the next round timing out, cancelled that consolidation (the dev cluster's job
+    ended CANCELLED). Parts the store holds for the job are its own work, not the lost answer's."""
+    client = FakeClient(refuse_at=1, timeout=True, accepted_anyway=True)
+    running = QueueRecord("90", None, None, None, None, "x", "RUNNING", "", "slurmhet:5", "u", "nodea")
+    client.hidden.append(running)  # an earlier round's consolidation, on record, running this very replan
+    outcome = MultiPartSubmitter(client, on_record=["90"]).submit(_parts())  # type: ignore[arg-type]
+    assert not outcome.ok and not outcome.maybe_submitted
+    assert client.cancelled == ["101", "102"] and "90" not in outcome.cancelled  # its first part, the hidden one
+    unaware = FakeClient(refuse_at=1, timeout=True, accepted_anyway=True)
+    unaware.hidden.append(running)
+    MultiPartSubmitter(unaware).submit(_parts())  # type: ignore[arg-type]
+    assert "90" in unaware.cancelled  # what happened before the store's parts were passed in
