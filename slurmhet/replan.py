@@ -38,8 +38,8 @@ from slurmhet.submission import (PLACED, UNPLACED, Candidate, Dispatcher, after_
                                  with_verdicts, foreign_gpu_nodes, next_round, plan_for, render_parts,
                                  stored_allocation, unplaceable)
 from slurmhet.site_table import learned_table, site_table
-from slurmhet.sync import (CANCELLING, LIVE_PART_STATES, adopt_ended, adopt_lost_rerun, adopt_orphans, ask_slurm, cut_off,
-                           finished_waiting, forked_round, lost_consolidation, settle_finished, still_cut_off,
+from slurmhet.sync import (CANCELLING, LIVE_PART_STATES, adopt_ended, adopt_lost_rerun, adopt_orphans, ask_slurm,
+                           cut_off, finished_waiting, forked_round, lost_consolidation, settle_finished, still_cut_off,
                            sync_jobs)
 from slurmhet.throughput import ThroughputTable, canonical_key
 

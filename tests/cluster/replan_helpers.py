@@ -231,11 +231,12 @@ def adopted_by(stdout: str) -> dict[int, str]:
     return {int(m.group(2)): m.group(1) for m in re.finditer(r"^adopted Slurm job (\d+) for job (\d+)$", stdout, re.M)}
 
 
-def slow_sbatch(directory: Path, delay_s: float, only: str = "") -> tuple[dict[str, str], Path]:
+def slow_sbatch(directory: Path, delay_s: float, only: str = "", once: bool = False) -> tuple[dict[str, str], Path]:
     """A PATH entry whose `sbatch` submits for real, notes the id, then stalls before answering.
 
     It opens the window between "Slurm has the job" and "the store recorded it" on purpose.
     ``only``: stall only the calls one of whose words starts with it (others answer at once, unnoted).
+    ``once``: stall the first such call only (Slurm jobs inherit PATH: a replan one of them runs is not stalled).
     Returns the env overlay and the file the ids are noted in.
     """
     real = shutil.which("sbatch")
@@ -247,6 +248,7 @@ def slow_sbatch(directory: Path, delay_s: float, only: str = "") -> tuple[dict[s
         #!/bin/bash
         case " $* " in *" --parsable "*) ;; *) exec {real} "$@" ;; esac
         case " $* " in *" {only}"*) ;; *) exec {real} "$@" ;; esac
+        {f'[ -e {noted} ] && exec {real} "$@"' if once else ''}
         out=$({real} "$@"); rc=$?
         [ $rc -eq 0 ] && echo "$out" >> {noted}
         sleep {delay_s}

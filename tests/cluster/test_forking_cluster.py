@@ -171,7 +171,7 @@ def test_a_submit_killed_as_sbatch_took_its_rounds_consolidation_is_adopted_as_t
     checkpoints = tmp_path / "ckpt"
     checkpoints.mkdir()
     spec = _spec(tmp_path / "fork.yaml", checkpoints)
-    slow_env, noted = slow_sbatch(tmp_path / "slowbin", 120, only="--dependency=")
+    slow_env, noted = slow_sbatch(tmp_path / "slowbin", 120, only="--dependency=", once=True)
     proc = start_cli(state_dir, "submit", str(spec), env={**env, "PATH": f"{slow_env['PATH']}:{env['PATH']}"})
     (consolidation,) = wait_file_lines(noted, 1, proc=proc)
     kill_group(proc)  # the submit and its stalled sbatch: Slurm has round 0, the store has no part of it

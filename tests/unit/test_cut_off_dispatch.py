@@ -207,7 +207,7 @@ def test_a_cut_off_forked_round_is_adopted_as_its_round_and_a_half_submitted_one
     arrays and its consolidation, the copies in Slurm are retired and cancelled: no round runs unconsolidated."""
     job_id, (dispatch, plan), settings = _forked_dispatch(db, tmp_path)
     fork, roles = dispatch.fork, [p.role for p in dispatch.parts]
-    tasks = [[row.get("array_task") for row in rows] for rows in expected_rows(dispatch.parts, job_id)]
+    tasks = [[row.get("array_task") for row in rows] for rows in expected_rows(dispatch.parts, [job_id])[job_id]]
     tag = f"slurmhet:{job_id}@{db.instance}"
     sbatch = Accepting(kill_at=len(roles) - 1, took_it=True)
     with pytest.raises(KeyboardInterrupt):
@@ -220,8 +220,8 @@ def test_a_cut_off_forked_round_is_adopted_as_its_round_and_a_half_submitted_one
         assert actions == [f"adopted Slurm job {i} for job {job_id}" for i in sbatch.accepted]
         assert job.state is JobState.SUBMITTED
         got = [(p.slurm_job_id, p.role, p.round, p.array_task) for p in job.slurm_jobs]
-        assert got == [(slurm_id, role, fork.round, task) for slurm_id, role, indices in zip(sbatch.accepted, roles, tasks)
-                       for task in indices]
+        assert got == [(slurm_id, role, fork.round, task)
+                       for slurm_id, role, indices in zip(sbatch.accepted, roles, tasks) for task in indices]
         assert all(p.state == "RUNNING" for p in job.slurm_jobs if p.role == "array")
         last = forked_round(job)
         assert last is not None and last.slurm_job_id == sbatch.accepted[-1] and last.state == "PENDING"
@@ -284,7 +284,8 @@ def test_a_dispatch_sbatch_may_have_taken_without_answering_keeps_its_mark_until
     settings = Settings(state_dir=tmp_path, database_url="sqlite://")
     plan = plan_for([Candidate(i, SPEC, 0.0) for i in ids], inventory, TABLE, "slurmhet", now=0.0)
     for dispatch in dispatches(plan, {i: SPEC for i in ids}, PROFILE, settings, inventory, db.instance, table=TABLE):
-        [outcome] = Dispatcher(db, TimingOut(), PROFILE, settings, None).submit(dispatch, plan)  # type: ignore[arg-type]
+        dispatcher = Dispatcher(db, TimingOut(), PROFILE, settings, None)  # type: ignore[arg-type]
+        [outcome] = dispatcher.submit(dispatch, plan)
         assert outcome.state == "SUBMIT_FAILED" and outcome.reason.startswith("timed out after 8 s"), outcome
     assert sorted(i for i in _marks(db) if i is not None) == ids
     took, did_not = ids
