@@ -307,8 +307,8 @@ def adopt_ended(session: Session, jobs: Sequence[Job], ended: Sequence[Accountin
     sync_jobs(session, [j for j in waiting if j.state not in UNPLACED], SlurmView(accounting=tuple(ended)),
               progress_dir)
     for job in waiting:
-        if job.state not in UNPLACED:
-            continue
+        if job.state not in UNPLACED or _dispatch_mark(session, job) is None:
+            continue  # adopted, or its half-submitted dispatch retired (``_adopt_dispatch``)
         if behind:
             job.reason = (f"its dispatch was cut off and slurmdbd is {behind} record(s) behind: not dispatched "
                           "again until sacct can say whether sbatch took it")

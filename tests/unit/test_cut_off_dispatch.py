@@ -252,6 +252,9 @@ def test_a_cut_off_forked_round_is_adopted_as_its_round_and_a_half_submitted_one
         assert [(p.slurm_job_id, p.role, p.state) for p in job.slurm_jobs] == [
             (i, "superseded", CANCELLING) for i in sbatch.accepted]
         assert owed_cancels([job], queue) == sbatch.accepted  # replan cancels them before it dispatches again
+        # Settled: slurmdbd lagging changes nothing for it, and it is not held back.
+        assert adopt_ended(session, [job], [], db.instance, "alice", tmp_path, behind=3) == []
+        assert still_cut_off(session, [job]) == set() and job.reason == ""
     assert _marks(db) == []
 
 
