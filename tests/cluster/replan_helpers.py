@@ -7,6 +7,7 @@ store's SQLite file directly, so a test can check slurmhet's claims against both
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -237,7 +238,8 @@ def slow_sbatch(directory: Path, delay_s: float, only: str = "", once: bool = Fa
     It opens the window between "Slurm has the job" and "the store recorded it" on purpose.
     ``only``: stall only the calls one of whose words starts with it (others answer at once, unnoted).
     ``once``: stall the first such call only (Slurm jobs inherit PATH: a replan one of them runs is not stalled).
-    Returns the env overlay and the file the ids are noted in.
+    A stall ends early once :func:`release_sbatch` is called (a test that needs the window open until something
+    happened, however loaded the machine). Returns the env overlay and the file the ids are noted in.
     """
     real = shutil.which("sbatch")
     assert real, "sbatch is not installed"
@@ -251,12 +253,18 @@ def slow_sbatch(directory: Path, delay_s: float, only: str = "", once: bool = Fa
         {f'[ -e {noted} ] && exec {real} "$@"' if once else ''}
         out=$({real} "$@"); rc=$?
         [ $rc -eq 0 ] && echo "$out" >> {noted}
-        sleep {delay_s}
+        end=$((SECONDS + {math.ceil(delay_s)}))
+        while [ $SECONDS -lt $end ] && [ ! -e {directory / "released"} ]; do sleep 0.1; done
         [ -n "$out" ] && echo "$out"
         exit $rc
         """))
     wrapper.chmod(0o755)
     return {"PATH": f"{directory}:{os.environ.get('PATH', '')}"}, noted
+
+
+def release_sbatch(noted: Path) -> None:
+    """End the stall of the :func:`slow_sbatch` whose ids are noted in ``noted`` (now, and for later calls)."""
+    (noted.parent / "released").touch()
 
 
 def wait_file_lines(path: Path, n: int, timeout: float = 120, proc: subprocess.Popen[str] | None = None) -> list[str]:

@@ -26,8 +26,8 @@ import pytest
 from slurmhet.replan import MAX_SUBMIT_ATTEMPTS
 from tests.cluster.helpers import ANY_ONE, SLURMHET, accounting, cli, never_ran, status, user_python, wait_for
 from tests.cluster.replan_helpers import (SLURM, adopted_by, attempts, db_snapshot, elapsed_seconds,
-                                          events, job, kill_group, live_tagged, recorded_parts, replan, sacct_rows,
-                                          scancel, slow_sbatch, slurm_jobs_of_store, squeue_state,
+                                          events, job, kill_group, live_tagged, recorded_parts, release_sbatch, replan,
+                                          sacct_rows, scancel, slow_sbatch, slurm_jobs_of_store, squeue_state,
                                           start_cli, store_tag, store_waiting_jobs, submit, submitted_by,
                                           usable_gpus, wait_file_lines, write)
 
@@ -160,7 +160,8 @@ def test_submits_queued_on_the_lock_each_dispatch_their_job_once(
     """Deterministic form of the race above: two submits store their job while a replan holds the lock."""
     store_waiting_jobs(state_dir, tmp_path, 1, ["true"])
     tag = store_tag(state_dir)
-    slow_env, noted = slow_sbatch(tmp_path / "slowbin", 8)
+    # The holder's sbatch stalls until both submits have stored (an 8 s stall was too short on a loaded machine).
+    slow_env, noted = slow_sbatch(tmp_path / "slowbin", 90)
     holder = start_cli(state_dir, "replan", env=slow_env)
     wait_file_lines(noted, 1, proc=holder)
     specs = [write(tmp_path / f"q{i}.yaml", job(f"queued{i}", ["true"])) for i in range(2)]
@@ -169,6 +170,7 @@ def test_submits_queued_on_the_lock_each_dispatch_their_job_once(
     while len([e for e in events(state_dir, kind="stored") if e[2].endswith(("q0.yaml", "q1.yaml"))]) < 2:
         assert time.monotonic() < deadline and holder.poll() is None, "both submits should store while the lock is held"
         time.sleep(0.1)
+    release_sbatch(noted)
     holder.communicate(timeout=120)
     assert holder.returncode == 0
     outs = [p.communicate(timeout=180) for p in submits]
