@@ -431,10 +431,9 @@ def _adopt_dispatch(session: Session, job: Job, records: Sequence[QueueRecord], 
     for k, root in enumerate(roots):
         for row in with_ids(expected[k], roots, k):
             part = SlurmJob(**row)
-            match = [r for r in records if r.root_id == root and (r.array_task is None or part.array_task is None
-                                                                  or r.array_task == part.array_task)
-                     and (r.het_offset is None or part.het_offset is None or r.het_offset == part.het_offset)]
-            job.slurm_jobs.append(_as_found(part, match[0] if match else _root_record(root, records)))
+            record = next((r for r in records if r.root_id == root and _matches(part, r.het_offset, r.array_task)),
+                          None) or _root_record(root, records)  # a pending array: its master's one record
+            job.slurm_jobs.append(_as_found(part, record))
     session.flush()  # ``forked_round`` takes the newest part by id: the consolidation, submitted last
     if mark.get("fork"):
         record_fork(session, job, mark["fork"])
