@@ -85,16 +85,20 @@ def test_a_pack_member_that_crashes_fails_alone_and_its_partner_completes(tmp_pa
     rows, _ = replan_until_final(state_dir, [good, bad], env, leftovers)
     assert [p["role"] for p in rows[good]["slurm"]] == ["pack"], rows[good]
     assert (rows[good]["state"], rows[good]["restarts"]) == ("COMPLETED", 0), rows[good]
-    out_sacct = subprocess.run(["sacct", "-X", "-n", "-P", "-j", pack, "-o", "State,ExitCode"], capture_output=True,
-                               text=True, timeout=30, check=True).stdout.split()
-    assert out_sacct == ["FAILED|2:0"], out_sacct  # what Slurm says of the pack: the crash's status
+    out_sacct = subprocess.run(["sacct", "-X", "-n", "-P", "-j", pack, "-o", "State,ExitCode,ElapsedRaw"],
+                               capture_output=True, text=True, timeout=30, check=True).stdout.split()
+    (pack_line,) = out_sacct
+    pack_state, pack_exit, pack_seconds = pack_line.split("|")
+    assert (pack_state, pack_exit) == ("FAILED", "2:0"), out_sacct  # what Slurm says of the pack: the crash's status
     assert rows[bad]["state"] == "FAILED" and rows[bad]["reason"].startswith("failed 2 times within 5 min of starting "
                                                                              "(exit 2:0)"), rows[bad]
     assert [p["role"] for p in rows[bad]["slurm"]][0] == "retried" and len(rows[bad]["slurm"]) == 2, rows[bad]
     detail = json.loads(cli("status", str(bad), "--json", state=state_dir).stdout)
     (retried,) = [e["message"] for e in detail["events"] if e["kind"] == "retried"]
     seconds = re.fullmatch(r"failed (\d+) s after it started \(exit 2:0\); retried once", retried)
-    assert seconds and int(seconds[1]) < 15, retried  # its own seconds, not the pack's
+    # Its own seconds, not the pack's: both members start together, and the partner then trains 30 s more than the
+    # crash lived (start-up alone can take 20 s on a loaded machine, so no fixed figure would do).
+    assert seconds and int(seconds[1]) <= int(pack_seconds) - 20, (retried, pack_line)
     # Its own stderr (run-pack copies each member's to its own file): argparse's words are the crash's alone.
     assert any("unrecognized arguments: --no-such-flag" in line for line in detail["last_failure"]["stderr_tail"])
     assert detail["logs"][0]["stderr"].endswith(f"-{pack}.member-{bad}.err"), detail["logs"]  # the pack's run
