@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import multiprocessing
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -52,6 +54,32 @@ def test_sqlite_store_migrates_and_rolls_back(tmp_path: Path) -> None:
     assert {"jobs", "slurm_jobs", "events", "alembic_version"} <= set(inspect(db.engine).get_table_names())
     _exercise(db)
     Database(f"sqlite:///{tmp_path}/s.db")  # reopening at head is a no-op
+
+
+def test_the_schema_check_on_open_matches_alembics_head_and_does_not_import_alembic(tmp_path: Path) -> None:
+    """A command opening a store at head reads its revision with plain SQL (alembic's import is most of a command's
+    start-up); a store behind head, or a head this code does not know, still goes through alembic."""
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    from slurmhet.store import db as store_db
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(store_db.MIGRATIONS))
+    assert ScriptDirectory.from_config(cfg).get_current_head() == store_db.HEAD_REVISION  # bump it with a migration
+    url = f"sqlite:///{tmp_path}/h.db"
+    Database(url)
+    reopen = ("import sys; from slurmhet.store import Database; Database(sys.argv[1]); "
+              "print(sorted(m for m in sys.modules if m.split('.')[0] == 'alembic'))")
+    out = subprocess.run([sys.executable, "-c", reopen, url], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]", out
+    with sqlite3.connect(f"{tmp_path}/h.db") as conn:  # a store one migration behind is brought to head
+        conn.execute("ALTER TABLE slurm_jobs DROP COLUMN restarts")
+        conn.execute("UPDATE alembic_version SET version_num = '0004'")
+    Database(url)
+    with sqlite3.connect(f"{tmp_path}/h.db") as conn:
+        assert conn.execute("SELECT version_num FROM alembic_version").fetchall() == [(store_db.HEAD_REVISION,)]
+        assert "restarts" in [row[1] for row in conn.execute("PRAGMA table_info(slurm_jobs)")]
 
 
 def _open_and_store(url: str) -> int:
