@@ -154,7 +154,8 @@ def test_pack_runs_members_concurrently_in_one_allocation(tmp_path: Path, client
     marks = tmp_path / "marks"
     marks.mkdir()
     member = ("bash", "-c", f"date +%s.%N > {marks}/$SLURMHET_JOB_ID.start; sleep 3; "
-                            f"echo $SLURM_JOB_ID $CUDA_MPS_PIPE_DIRECTORY > {marks}/$SLURMHET_JOB_ID.end")
+                            f"echo $SLURM_JOB_ID $CUDA_MPS_PIPE_DIRECTORY > {marks}/$SLURMHET_JOB_ID.end; "
+                            f"date +%s.%N > {marks}/$SLURMHET_JOB_ID.stop")
     mps_log = tmp_path / "mps.log"
     # sbatch exports the submitter's environment: the stand-in control daemon is on the job's PATH.
     runner = SubprocessRunner(timeout=30, base_env={**os.environ, "SLURMHET_MPS_STANDIN_LOG": str(mps_log),
@@ -169,8 +170,8 @@ def test_pack_runs_members_concurrently_in_one_allocation(tmp_path: Path, client
     record = next(r for r in accounting([slurm_id]) if not r.id.is_step)
     assert record.state == "COMPLETED" and record.comment == "slurmhet:9005,9006" and record.nodes == "nodea"
     assert record.alloc_tres.get("gres/mps") == 100
-    starts = [float((marks / f"{i}.start").read_text()) for i in (9005, 9006)]
-    assert abs(starts[0] - starts[1]) < 2.5  # both started before either finished its 3 s
+    starts, stops = ([float((marks / f"{i}.{mark}").read_text()) for i in (9005, 9006)] for mark in ("start", "stop"))
+    assert max(starts) < min(stops), (starts, stops)  # both started before either finished its 3 s
     ends = {tuple((marks / f"{i}.end").read_text().split()) for i in (9005, 9006)}
     assert len(ends) == 1 and next(iter(ends))[0] == slurm_id  # one allocation, one private MPS pipe directory
     assert mps_log.read_text().count("quit") >= 1
