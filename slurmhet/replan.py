@@ -357,6 +357,18 @@ def job_tracker(session: Session, jobs: Sequence[Job], steps: dict[str, int], dr
 CONSOLIDATION_RUNS = 3
 
 
+def _refusals_since_last_run(events: Sequence[Event]) -> list[Event]:
+    """The refused runs again of a round's consolidation (``submit_failed``, oldest first) since it last ran: each
+    replan tries once more, up to ``MAX_SUBMIT_ATTEMPTS``, as for a job's own dispatch. A refusal sbatch may have
+    taken without answering is not counted: the next replan finds such a run by its tag (``adopt_lost_rerun``)."""
+    refused: list[Event] = []
+    for event in events:
+        refused = [] if event.kind == "consolidated_again" else refused
+        if event.kind == "submit_failed" and not (event.data or {}).get("maybe_submitted"):
+            refused.append(event)
+    return refused
+
+
 def lost_rounds(session: Session, jobs: Sequence[Job], dry_run: bool) -> tuple[list[int], list[str], list[str]]:
     """Forked jobs whose round's consolidation a fault cut off (``sync.lost_consolidation``): the ones whose
     consolidation runs again, and FAILED the ones cut off ``CONSOLIDATION_RUNS`` times. Returns (job ids to
@@ -367,17 +379,24 @@ def lost_rounds(session: Session, jobs: Sequence[Job], dry_run: bool) -> tuple[l
         part = lost_consolidation(job)
         if part is None or job.state.final or job.state in UNPLACED:  # unplaced: the Job Tracker took the round
             continue  # as consolidated (this replan ran in it, after its average was written)
-        earlier = session.scalars(select(Event).where(Event.job_id == job.id, Event.kind == "consolidated_again"))
-        runs = 1 + sum(1 for e in earlier if (e.data or {}).get("round") == part.round)
+        earlier = [e for e in session.scalars(select(Event).where(
+            Event.job_id == job.id, Event.kind.in_(("consolidated_again", "submit_failed"))).order_by(Event.id))
+            if (e.data or {}).get("round") == part.round]
+        runs = 1 + sum(1 for e in earlier if e.kind == "consolidated_again")
+        refused = _refusals_since_last_run(earlier)
         cut = cut_off(part)
         events.append(f"job {job.id} ({job.name}): {cut} (run {runs})")
-        if runs < CONSOLIDATION_RUNS:
+        if runs < CONSOLIDATION_RUNS and len(refused) < MAX_SUBMIT_ATTEMPTS:
             again.append(job.id)
             if dry_run:
                 actions.append(f"would run round {part.round}'s consolidation of job {job.id} again")
             continue
-        reason = (f"{cut}: {runs} runs of it cut off by faults (CONSOLIDATION_RUNS); the copies' checkpoints and "
-                  f"the last average are kept in {job.spec.get('checkpoint_dir')}")
+        kept = f"the copies' checkpoints and the last average are kept in {job.spec.get('checkpoint_dir')}"
+        if len(refused) >= MAX_SUBMIT_ATTEMPTS:
+            reason = (f"{cut}: its run again was refused {len(refused)} times (MAX_SUBMIT_ATTEMPTS), last: "
+                      f"{refused[-1].message}; {kept}")
+        else:
+            reason = f"{cut}: {runs} runs of it cut off by faults (CONSOLIDATION_RUNS); {kept}"
         actions.append(f"{'would fail' if dry_run else 'failed'} job {job.id} ({job.name}): {reason}")
         if not dry_run:
             job.state, job.reason = JobState.FAILED, reason

@@ -13,7 +13,7 @@ from sqlalchemy import select
 from slurmhet.cluster import Inventory, Node
 from slurmhet.config import Settings
 from slurmhet.emit.requests import Common, ConsolidationRequest
-from slurmhet.replan import CONSOLIDATION_RUNS, job_tracker, lost_rounds
+from slurmhet.replan import CONSOLIDATION_RUNS, MAX_SUBMIT_ATTEMPTS, job_tracker, lost_rounds
 from slurmhet.slurm.parsers import AccountingRecord, QueueRecord, parse_sacct_parsable
 from slurmhet.slurm.profile import SiteProfile
 from slurmhet.spec import load_text
@@ -144,6 +144,51 @@ def test_the_dispatcher_runs_the_same_consolidation_again_with_nothing_to_wait_f
     with db.snapshot() as session:
         job = get_job(session, job_id)
         assert job is not None and job.reason == "" and lost_consolidation(job) is None
+
+
+def test_a_run_again_that_sbatch_keeps_refusing_fails_the_job_after_max_submit_attempts(tmp_path: Path) -> None:
+    """Each replan tries the refused run again, as it would a job's refused dispatch, up to MAX_SUBMIT_ATTEMPTS;
+    then the job is FAILED with sbatch's last words instead of being submitted for ever. A refusal sbatch may have
+    taken without answering does not count (the next replan looks for it by its tag), and a run that went through
+    starts the count again."""
+    db = Database(f"sqlite:///{tmp_path}/s.db")
+    with db.transaction() as session:
+        job_id = _forked(session, "FAILED", "NODE_FAIL").id
+    settings = Settings(state_dir=tmp_path, database_url="sqlite://")
+    inventory = Inventory((Node("nodea", {"v100": 1}), Node("nodeb", {"t4": 1})))
+    refusing = Dispatcher(db, FakeSbatch(refuse=True), PROFILE, settings, None)  # type: ignore[arg-type]
+
+    def replan() -> tuple[list[int], list[str]]:
+        """One replan's lost_rounds, then its run again of what it returned."""
+        with db.transaction() as session:
+            job = get_job(session, job_id)
+            assert job is not None
+            again, _, actions = lost_rounds(session, [job], dry_run=False)
+        for i in again:
+            refusing.consolidate_again(i, inventory)
+        return again, actions
+
+    with db.transaction() as session:  # counted since the round's last run: an earlier lost run went through
+        job = get_job(session, job_id)
+        assert job is not None
+        add_event(session, job, "submit_failed", "round 1's consolidation again: an older refusal", round=1)
+        add_event(session, job, "consolidated_again", "x", round=1)
+        add_event(session, job, "submit_failed", "round 1's consolidation again: no answer", round=1,
+                  maybe_submitted=True)  # found by its tag or not: not a refusal
+    for _ in range(MAX_SUBMIT_ATTEMPTS):
+        assert replan() == ([job_id], [])
+    again, actions = replan()
+    assert again == [] and len(actions) == 1, actions
+    with db.snapshot() as session:
+        job = get_job(session, job_id)
+        assert job is not None and job.state is JobState.FAILED and job.ended_at == T1
+        assert job.reason == (f"round 1's consolidation, Slurm job 12, ended NODE_FAIL: its run again was refused "
+                              f"{MAX_SUBMIT_ATTEMPTS} times (MAX_SUBMIT_ATTEMPTS), last: round 1's consolidation "
+                              "again: sbatch: error: Invalid partition name specified; the copies' checkpoints and "
+                              "the last average are kept in /ckpt/forked"), job.reason
+        assert actions == [f"failed job {job_id} (forked): {job.reason}"]
+        refusals = session.scalars(select(Event).where(Event.kind == "submit_failed")).all()
+        assert len(refusals) == MAX_SUBMIT_ATTEMPTS + 2
 
 
 def test_a_consolidation_run_again_waits_for_nothing_and_a_first_one_must_wait() -> None:
