@@ -319,9 +319,10 @@ def submit_pack(state: Path, specs: list[Path], env: dict[str, str], leftovers: 
 
 
 def replan_until_final(state: Path, job_ids: list[int], env: dict[str, str], leftovers: list[str],
-                       timeout: float = 240) -> tuple[dict[int, dict[str, Any]], list[str]]:
+                       timeout: float = 420) -> tuple[dict[int, dict[str, Any]], list[str]]:
     """``replan --once`` every 2 s, as cron would, until every job is final: the last status rows and the actions
-    replan took. Every Slurm job the jobs had on the way goes into ``leftovers``."""
+    replan took. Every Slurm job the jobs had on the way goes into ``leftovers``. ``timeout`` only catches jobs
+    that never end: a pack's preemption test took 289 s in all in CI's 24.11 series, most of it in here."""
     actions: list[str] = []
     deadline = time.monotonic() + timeout
     while (rows := status(state)) and any(rows[i]["state"] not in ("COMPLETED", "FAILED", "CANCELLED")
