@@ -60,8 +60,9 @@ def simulate(trace_jobs: Sequence[TraceJob], inventory: Inventory, table: Throug
     if unknown or not policies:
         raise InputError(f"unknown policy {unknown or policies}", place="--policy",
                          hint=f"one or more of {', '.join(TIME_POLICIES)}")
-    if round_s <= 0:
-        raise InputError("round length must be positive", place="--round-s", hint="e.g. 360")
+    if not 0 < round_s < float("inf"):  # NaN too
+        raise InputError(f"round length must be a positive number of seconds, not {round_s}", place="--round-s",
+                         hint="e.g. 360")
     for value, flag in ((restart_s, "--restart-s"), (start_s, "--start-s")):
         if not 0 <= value < float("inf"):
             raise InputError(f"{flag} must be a finite number of seconds >= 0, not {value}", place=flag, hint="e.g. 10")
@@ -73,12 +74,12 @@ def simulate(trace_jobs: Sequence[TraceJob], inventory: Inventory, table: Throug
     for job in jobs:
         if not any(rates.type_rate(job.job_type, job.gpus, t) > 0 for t in usable.gpu_types):
             raise InputError(f"job {job.job_id} ({job.job_type}) has no throughput on any GPU type of the cluster",
-                             place=f"job {job.job_id}", hint="check the throughput table and the cluster's types")
+                             place=job.place, hint="check the throughput table and the cluster's types")
     total = sum(usable.gpus_by_type().values())
     for job in jobs:
         if job.gpus > total:
             raise InputError(f"asks {job.gpus} GPUs; the cluster has {total}",
-                             place=f"job {job.job_id}", hint="a larger --cluster, or drop the job from the trace")
+                             place=job.place, hint="a larger --cluster, or drop the job from the trace")
     config = SimConfig(round_s=round_s, restart_s=restart_s, consolidate_s=consolidate_s, start_s=start_s)
     if max_wait_s is not None and not 0 < max_wait_s:
         raise InputError(f"the wait limit must be a positive number of hours, not {max_wait_s / 3600}",

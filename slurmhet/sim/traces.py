@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import csv
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Collection, Iterable
 
@@ -32,6 +32,12 @@ class TraceJob:
     duration_s: float | None = None
     weight: float = 1.0
     slo_s: float | None = None
+    #: Where the job was read (``file:line``), so an error about it points there; "" for a generated job.
+    source: str = field(default="", compare=False)
+
+    @property
+    def place(self) -> str:
+        return self.source or f"job {self.job_id}"
 
 
 def _number(text: str, name: str, place: str, *, integer: bool = False, minimum: float | None = None,
@@ -88,7 +94,8 @@ def load_gavel_trace(path: Path | str, known_types: Collection[str] | None = Non
         slo = _number(fields[8], "SLO", place)
         arrival = _number(fields[9], "arrival_time", place, minimum=0)
         _check_order(jobs, arrival, place)
-        jobs.append(TraceJob(len(jobs), job_type, int(scale), arrival, steps, None, weight, slo if slo > 0 else None))
+        jobs.append(TraceJob(len(jobs), job_type, int(scale), arrival, steps, None, weight, slo if slo > 0 else None,
+                             source=place))
     if not jobs:
         raise InputError("trace has no jobs", place=str(path), hint="one job per line")
     return jobs
@@ -127,7 +134,7 @@ def load_csv_trace(path: Path | str, known_types: Collection[str] | None = None)
             raise InputError("row has neither steps nor duration", place=place, hint="fill one of them")
         weight = _number(row["weight"], "weight", place, minimum=0, strict=True) if row.get("weight") else 1.0
         _check_order(jobs, arrival, place)
-        jobs.append(TraceJob(len(jobs), job_type, int(gpus), arrival, steps, duration, weight))
+        jobs.append(TraceJob(len(jobs), job_type, int(gpus), arrival, steps, duration, weight, source=place))
     if not jobs:
         raise InputError("trace has no jobs", place=str(path), hint="one job per row after the header")
     return jobs
@@ -142,7 +149,7 @@ def resolve_steps(jobs: Iterable[TraceJob], v100_rate: Callable[[str, int], floa
             rate = v100_rate(job.job_type, job.gpus)
             if rate <= 0:
                 raise InputError(f"job {job.job_id} ({job.job_type}, {job.gpus} GPUs) has no V100 throughput",
-                                 place=f"job {job.job_id}", hint="give steps instead of a duration")
+                                 place=job.place, hint="give steps instead of a duration")
             job = replace(job, total_steps=job.duration_s * rate)
         out.append(job)
     return out

@@ -46,6 +46,22 @@ def test_simulate_refuses_negative_or_nan_overheads() -> None:
     for flag, value in (("--start-s", "-1"), ("--restart-s", "nan")):
         result = runner.invoke(main, ["simulate", "--generate", "3", "--cluster", "v100:4", flag, value])
         assert result.exit_code == 2 and f"{flag} must be a finite number of seconds >= 0" in result.output, result.output
+    for value in ("nan", "inf", "0"):  # a NaN round compared false with 0 and ran
+        result = runner.invoke(main, ["simulate", "--generate", "3", "--cluster", "v100:4", "--round-s", value])
+        assert result.exit_code == 2, result.output
+        assert "--round-s: round length must be a positive number of seconds" in result.output, result.output
+
+
+def test_a_trace_job_the_cluster_cannot_run_is_named_by_its_file_and_line(tmp_path: Path) -> None:
+    trace = tmp_path / "t.csv"
+    trace.write_text("submit_time,gpus,workload,steps\n0,1,ResNet-18 (batch size 64),100\n"
+                     "5,9,ResNet-18 (batch size 64),100\n")
+    runner = CliRunner()
+    too_big = runner.invoke(main, ["simulate", "--trace", str(trace), "--cluster", "v100:2"])
+    assert too_big.exit_code == 2 and f"{trace}:3: asks 9 GPUs; the cluster has 2" in too_big.output, too_big.output
+    no_rate = runner.invoke(main, ["simulate", "--trace", str(trace), "--cluster", "gpu9:16"])
+    assert no_rate.exit_code == 2, no_rate.output
+    assert f"{trace}:2: job 0 (ResNet-18 (batch size 64)) has no throughput on any GPU type" in no_rate.output
 
 
 def test_simulate_json_on_stdout_is_only_json_with_lp_policies() -> None:
