@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from slurmhet.errors import InputError
+from slurmhet.errors import InputError, yaml_error
 
 #: Default link bandwidths in GB/s when the site says nothing (NVLink-less PCIe
 #: inside a node, 10 GbE between nodes), as assumed in seed 001 section VI.
@@ -202,7 +202,9 @@ def load_inventory_yaml(path: Path) -> Inventory:
     """Read a cluster YAML: ``nodes: [{name, gpus: {type: n}, features}]`` plus link speeds."""
     try:
         data: Any = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
+    except yaml.YAMLError as exc:
+        raise yaml_error(exc, str(path), "a YAML mapping with 'nodes:'") from exc
+    except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read cluster file: {exc}", place=str(path), hint="a YAML mapping with 'nodes:'") from exc
     if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
         raise InputError("cluster file needs a 'nodes:' list", place=str(path), hint="nodes: [{name: a, gpus: {v100: 4}}]")

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from slurmhet.errors import InputError
+from slurmhet.errors import InputError, yaml_error
 
 SYSTEM_CONFIG = Path("/etc/slurmhet/config.yaml")
 
@@ -67,7 +67,9 @@ def _read_file(path: Path) -> dict[str, Any]:
         return {}
     try:
         data = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
+    except yaml.YAMLError as exc:
+        raise yaml_error(exc, str(path), "fix or remove the file") from exc
+    except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read config: {exc}", place=str(path), hint="fix or remove the file") from exc
     if data is None:
         return {}
@@ -96,6 +98,7 @@ def _apply(settings: Settings, data: Mapping[str, Any], source: str) -> Settings
             if runtime not in (None, "pyxis", "apptainer", "singularity", "none"):
                 raise InputError(f"slurm.container_runtime {runtime!r}", place=source,
                                  hint="pyxis | apptainer | singularity | none")
+            _check_overrides(value, source)
             changes["slurm"] = replace(settings.slurm, **value)
         elif key == "max_wait_h":
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
@@ -104,10 +107,58 @@ def _apply(settings: Settings, data: Mapping[str, Any], source: str) -> Settings
                                  hint="max_wait_h: 48 (or leave it out)")
             changes[key] = None if value is None else float(value)
         elif key in ("state_dir", "throughput_table"):
-            changes[key] = Path(str(value)).expanduser() if value is not None else None
-        else:
+            if not (isinstance(value, str) and value) and not (key == "throughput_table" and value is None):
+                raise InputError(f"{key} {value!r} is not a path", place=f"{source}: {key}", hint=f"{key}: /some/path")
+            changes[key] = Path(value).expanduser() if value is not None else None
+        elif key == "database_url":
+            changes[key] = database_url(value, f"{source}: database_url")
+        else:  # admin_group, default_policy (its key is checked against the planners where a command plans)
+            if not (isinstance(value, str) and value) and not (key == "admin_group" and value is None):
+                raise InputError(f"{key} {value!r} is not a name", place=f"{source}: {key}",
+                                 hint=f"{key}: {'slurmhet' if key == 'default_policy' else 'hpcadmins'}")
             changes[key] = value
     return replace(settings, **changes)
+
+
+#: The stores slurmhet runs on (``store.db``): the embedded default and the shared server.
+DATABASE_BACKENDS = ("sqlite", "postgresql")
+
+
+def database_url(value: Any, place: str) -> str:
+    """A database URL slurmhet can open, refused here, where it was written, rather than when a command opens it."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    hint = "sqlite:////path/to/slurmhet.db or postgresql+psycopg://user@host/db"
+    if not isinstance(value, str) or not value:
+        raise InputError(f"database URL {value!r} is not a URL", place=place, hint=hint)
+    try:
+        backend = make_url(value).get_backend_name()
+    except ArgumentError:
+        raise InputError(f"cannot read database URL {value!r}", place=place, hint=hint) from None
+    if backend not in DATABASE_BACKENDS:
+        raise InputError(f"database {backend!r} is not one slurmhet runs on ({', '.join(DATABASE_BACKENDS)})",
+                         place=place, hint=hint)
+    return value
+
+
+def _check_overrides(value: Mapping[str, Any], source: str) -> None:
+    """The types of ``slurm:`` overrides, whose values replace what the site profile probes."""
+    for key in ("max_array_size", "max_submit_jobs"):
+        got = value.get(key)
+        if got is not None and (isinstance(got, bool) or not isinstance(got, int) or got < 1):
+            raise InputError(f"slurm.{key} {got!r} is not a positive whole number", place=f"{source}: slurm.{key}",
+                             hint=f"slurm: {{{key}: 1000}}")
+    timeout = value.get("command_timeout_s", 30.0)
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf"):
+        raise InputError(f"slurm.command_timeout_s {timeout!r} is not a positive number of seconds",
+                         place=f"{source}: slurm.command_timeout_s", hint="slurm: {command_timeout_s: 30}")
+    if value.get("accounting") is not None and not isinstance(value["accounting"], bool):
+        raise InputError(f"slurm.accounting {value['accounting']!r} is not true or false",
+                         place=f"{source}: slurm.accounting", hint="slurm: {accounting: false}")
+    if not isinstance(value.get("partition") or "", str):
+        raise InputError(f"slurm.partition {value['partition']!r} is not a partition name",
+                         place=f"{source}: slurm.partition", hint="slurm: {partition: gpu}")
 
 
 def load_settings(env: Mapping[str, str] | None = None, user_file: Path | None = None) -> Settings:
@@ -124,7 +175,7 @@ def load_settings(env: Mapping[str, str] | None = None, user_file: Path | None =
         if "database_url" not in _read_file(Path(user)) and not env.get("SLURMHET_DB"):
             settings = replace(settings, database_url=f"sqlite:///{settings.state_dir / 'slurmhet.db'}")
     if env.get("SLURMHET_DB"):
-        settings = replace(settings, database_url=env["SLURMHET_DB"])
+        settings = replace(settings, database_url=database_url(env["SLURMHET_DB"], "SLURMHET_DB"))
     if env.get("SLURMHET_THROUGHPUT_TABLE"):
         settings = replace(settings, throughput_table=Path(env["SLURMHET_THROUGHPUT_TABLE"]))
     return settings

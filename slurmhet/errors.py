@@ -7,6 +7,11 @@ system's: Slurm down, database unreachable.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import yaml
+
 
 class SlurmhetError(Exception):
     exit_code = 1
@@ -25,7 +30,18 @@ class InputError(SlurmhetError):
 
     def one_line(self) -> str:
         text = f"{self.place}: {self.cause}" if self.place else self.cause
-        return f"{text} (hint: {self.hint})" if self.hint else text
+        text = f"{text} (hint: {self.hint})" if self.hint else text
+        return " ".join(text.split()) if "\n" in text else text  # a library's multi-line message, on one line
+
+
+def yaml_error(exc: yaml.YAMLError, source: str, hint: str) -> InputError:
+    """A YAML parser's complaint as an InputError at ``source:line:column`` where the parser marked one."""
+    import yaml
+
+    if isinstance(exc, yaml.MarkedYAMLError) and (mark := exc.problem_mark or exc.context_mark) is not None:
+        return InputError(f"YAML syntax error: {exc.problem or exc.context}",
+                          place=f"{source}:{mark.line + 1}:{mark.column + 1}", hint=hint)
+    return InputError(f"YAML error: {exc}", place=source, hint=hint)
 
 
 class SystemFailure(SlurmhetError):

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import yaml
 
 from slurmhet.cluster import Inventory
-from slurmhet.errors import InputError
+from slurmhet.errors import InputError, yaml_error
 from slurmhet import sweep
 from slurmhet.gpu_catalog import PRECISIONS
 
@@ -704,12 +704,8 @@ def load_text(text: str, source: str) -> list[JobSpec]:
     loader.name = source  # marks name the file, not "<unicode string>" (errors raised while loading use them)
     try:
         data = loader.get_single_data()
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        raise InputError(f"YAML syntax error: {exc.problem or exc.context}", place=_fmt(mark, source),
-                         hint="check indentation and quoting on that line") from exc
     except yaml.YAMLError as exc:
-        raise InputError(f"YAML error: {exc}", place=source, hint="check the file is YAML") from exc
+        raise yaml_error(exc, source, "check indentation and quoting on that line") from exc
     finally:
         loader.dispose()
     if data is None:

@@ -295,7 +295,8 @@ def plan_for(candidates: Sequence[Candidate], inventory: Inventory, table: Throu
     types the caller may reach; ``only`` keeps some jobs to some types (the move rule's what-ifs).
     """
     if policy not in POLICIES:
-        raise InputError(f"unknown policy {policy!r}", place="--policy", hint="one of " + ", ".join(POLICIES))
+        raise InputError(f"unknown policy {policy!r}", place="default_policy",
+                         hint="set the config's default_policy to one of " + ", ".join(POLICIES))
     table = with_specs(table, [c.spec for c in candidates])
     usable = inventory.usable()
     nodes = {n.name for n in usable.nodes}

@@ -34,7 +34,7 @@ from typing import Any, Iterable, Mapping
 
 import yaml
 
-from slurmhet.errors import InputError
+from slurmhet.errors import InputError, yaml_error
 from slurmhet.gpu_catalog import builtin as builtin_catalog
 
 SOURCES = ("measured", "profile", "ewma", "prior")
@@ -453,7 +453,7 @@ def _parse_yaml(text: str, source: str, base: ThroughputTable | None) -> Through
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise InputError(f"YAML error: {exc}", place=source, hint="check indentation") from exc
+        raise yaml_error(exc, source, "check indentation and quoting on that line") from exc
     if not isinstance(data, dict):
         raise InputError("throughput table must be a mapping", place=source, hint="throughputs: {...}")
     unknown = set(data) - {"include", "throughputs", "derive", "profiles", "gpu_memory_gb", "ewma_alpha"}

@@ -258,8 +258,11 @@ def plan(obj: Context, files: tuple[str, ...], policy: str | None, cluster_spec:
     from slurmhet.planner.render import HEADER, plan_dict, plan_rows
     from slurmhet.shared_cluster import check_access, read_shared
     from slurmhet.dependencies import preview_hold
+    from slurmhet.planner.registry import POLICIES
     from slurmhet.submission import Candidate, current_user, plan_for, unplaceable
 
+    if policy is not None and policy not in POLICIES:
+        raise InputError(f"unknown policy {policy!r}", place="--policy", hint="one of " + ", ".join(POLICIES))
     specs = _load_specs(files)
     where = obj.planning_cluster(cluster_spec, gpus_per_node)
     inventory = where.inventory

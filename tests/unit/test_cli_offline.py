@@ -142,3 +142,18 @@ def test_simulate_runs_gavel_traces_in_gavel_setup_unless_told() -> None:
     told = _one_document("simulate", "--trace", str(trace), "--cluster", "v100:4,k80:4", "--policy", "gavel-fifo",
                          "--restart-s", "10", "--gpus-per-node", "2", "--json")
     assert told["meta"]["restart_s"] == 10.0 and told["meta"]["gpus_per_node"] == 2
+
+
+def test_an_unknown_policy_is_named_where_it_was_written(tmp_path: Path) -> None:
+    """`plan --policy` names the flag; a config's default_policy (what submit and replan plan with) names the key."""
+    spec = tmp_path / "j.yaml"
+    spec.write_text("name: a\ncommand: [x]\nworkload: {model: ResNet-18, batch_size: 64}\nwork: {steps: 5}\n")
+    config = tmp_path / "config.yaml"
+    config.write_text("default_policy: nope\n")
+    env = {"SLURMHET_CONFIG": str(config), "SLURMHET_STATE_DIR": str(tmp_path / "state")}
+    runner = CliRunner()
+    flag = runner.invoke(main, ["plan", str(spec), "--cluster", "v100:4", "--policy", "fifo"], env=env)
+    assert flag.exit_code == 2 and "--policy: unknown policy 'fifo' (hint: one of slurmhet, " in flag.output, flag.output
+    key = runner.invoke(main, ["plan", str(spec), "--cluster", "v100:4"], env=env)
+    assert key.exit_code == 2, key.output
+    assert "default_policy: unknown policy 'nope' (hint: set the config's default_policy to one of " in key.output

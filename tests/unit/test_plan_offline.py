@@ -109,11 +109,16 @@ def test_without_slurm_or_cache_plan_exits_2_pointing_at_cluster(tmp_path: Path,
     (["plan", "{spec}", "--cluster", "{missing}.yaml"], "cannot read cluster file"),
     (["submit", "{spec}", "--cluster", "v100:4"], "--cluster: --cluster plans for a shape"),
     (["plan", "{spec}", "--cluster", "rtx2080ti:4"], "'rtx2080ti' is not in the GPU catalog"),
+    (["plan", "{spec}", "--cluster", "{broken}"], "broken.yaml:2:1: YAML syntax error: expected the node content"),
 ])
 def test_bad_cluster_input_exits_2_with_one_line(tmp_path: Path, spec: Path, args: list[str], words: str) -> None:
-    argv = [a.format(spec=spec, missing=tmp_path / "nope") for a in args]
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("nodes: [\n")
+    argv = [a.format(spec=spec, missing=tmp_path / "nope", broken=broken) for a in args]
     done = slurmhet(argv, tmp_path / "state", tmp_path)
     assert done.returncode == 2, done.stderr
     errors = [line for line in done.stderr.splitlines() if line.startswith("slurmhet: error: ")]
     assert len(errors) == 1 and words in errors[0] and "(hint: " in errors[0], done.stderr
+    assert all(line.startswith(("slurmhet: error: ", "slurmhet: note: ")) for line in done.stderr.splitlines()), \
+        done.stderr  # the error on one line, whatever the YAML parser wrote
     assert not (tmp_path / "state").exists()

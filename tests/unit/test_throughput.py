@@ -112,6 +112,11 @@ def test_yaml_table_rejects_non_numeric_and_zero(tmp_path: Path) -> None:
     path.write_text("throughputs:\n  'ResNet-18 (batch size 64)': {t4: 0}\n")
     with pytest.raises(InputError, match="positive"):
         ThroughputTable.load(path)
+    path.write_text("throughputs:\n  'ResNet-18 (batch size 64)': {t4: 5\n")  # unclosed: the parser's mark
+    with pytest.raises(InputError) as err:
+        ThroughputTable.load(path)
+    assert err.value.place == f"{path}:3:1" and err.value.cause.startswith("YAML syntax error: expected ',' or '}'")
+    assert "\n" not in str(err.value)
 
 
 def test_eq10_ratios_follow_compute_and_memory() -> None:
