@@ -169,10 +169,11 @@ def load_settings(env: Mapping[str, str] | None = None, user_file: Path | None =
     settings = _apply(settings, _read_file(SYSTEM_CONFIG), str(SYSTEM_CONFIG))
     user = user_file or (Path(env["SLURMHET_CONFIG"]) if env.get("SLURMHET_CONFIG") else
                          Path(env.get("XDG_CONFIG_HOME") or Path(env.get("HOME", "~")).expanduser() / ".config") / "slurmhet" / "config.yaml")
-    settings = _apply(settings, _read_file(Path(user)), str(user))
+    user_data = _read_file(Path(user))
+    settings = _apply(settings, user_data, str(user))
     if env.get("SLURMHET_STATE_DIR"):
         settings = replace(settings, state_dir=Path(env["SLURMHET_STATE_DIR"]))
-        if "database_url" not in _read_file(Path(user)) and not env.get("SLURMHET_DB"):
+        if "database_url" not in user_data and not env.get("SLURMHET_DB"):
             settings = replace(settings, database_url=f"sqlite:///{settings.state_dir / 'slurmhet.db'}")
     if env.get("SLURMHET_DB"):
         settings = replace(settings, database_url=database_url(env["SLURMHET_DB"], "SLURMHET_DB"))
