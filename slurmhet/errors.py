@@ -34,13 +34,20 @@ class InputError(SlurmhetError):
         return " ".join(text.split()) if "\n" in text else text  # a library's multi-line message, on one line
 
 
+def mark_place(mark: yaml.Mark | None, source: str | None = None) -> str:
+    """The place of a YAML mark as ``file:line:column`` (1-based), the one form every bad-input error gives."""
+    if mark is None:
+        return source or ""
+    return f"{source or mark.name}:{mark.line + 1}:{mark.column + 1}"
+
+
 def yaml_error(exc: yaml.YAMLError, source: str, hint: str) -> InputError:
     """A YAML parser's complaint as an InputError at ``source:line:column`` where the parser marked one."""
     import yaml
 
     if isinstance(exc, yaml.MarkedYAMLError) and (mark := exc.problem_mark or exc.context_mark) is not None:
-        return InputError(f"YAML syntax error: {exc.problem or exc.context}",
-                          place=f"{source}:{mark.line + 1}:{mark.column + 1}", hint=hint)
+        return InputError(f"YAML syntax error: {exc.problem or exc.context}", place=mark_place(mark, source),
+                          hint=hint)
     return InputError(f"YAML error: {exc}", place=source, hint=hint)
 
 

@@ -19,7 +19,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import yaml
 
 from slurmhet.cluster import Inventory
-from slurmhet.errors import InputError, yaml_error
+from slurmhet.errors import InputError, mark_place, yaml_error
 from slurmhet import sweep
 from slurmhet.gpu_catalog import PRECISIONS
 
@@ -225,9 +225,11 @@ class _LocatedLoader(yaml.SafeLoader):
         for key_node, value_node in node.value:
             key = self.construct_object(key_node, deep=True)
             if not isinstance(key, (str, int, float, bool)) or key is None:
-                raise InputError("mapping keys must be plain names", place=_fmt(key_node.start_mark), hint="name: value")
+                raise InputError("mapping keys must be plain names", place=mark_place(key_node.start_mark),
+                                 hint="name: value")
             if key in out:
-                raise InputError(f"duplicate key {key!r}", place=_fmt(key_node.start_mark), hint="each field once")
+                raise InputError(f"duplicate key {key!r}", place=mark_place(key_node.start_mark),
+                                 hint="each field once")
             out[key] = self.construct_object(value_node, deep=True)
             out.key_marks[key], out.value_marks[key] = key_node.start_mark, value_node.start_mark
         return out
@@ -241,12 +243,6 @@ class _LocatedLoader(yaml.SafeLoader):
 
 _LocatedLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _LocatedLoader.construct_mapping)
 _LocatedLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, _LocatedLoader.construct_sequence)
-
-
-def _fmt(mark: yaml.Mark | None, source: str | None = None) -> str:
-    if mark is None:
-        return source or ""
-    return f"{source or mark.name}:{mark.line + 1}:{mark.column + 1}"
 
 
 # --------------------------------------------------------------------------- field readers
@@ -268,16 +264,17 @@ class _Fields:
                 raise InputError(f"unknown field '{self.path(str(key))}'", place=self.key_place(key), hint=hint)
 
     def _place_of(self, data: Any) -> str:
-        return _fmt(getattr(data, "mark", None), self.source)
+        return mark_place(getattr(data, "mark", None), self.source)
 
     def path(self, key: str) -> str:
         return f"{self.where}.{key}" if self.where else key
 
     def key_place(self, key: Any) -> str:
-        return _fmt(getattr(self.data, "key_marks", {}).get(key) or getattr(self.data, "mark", None), self.source)
+        return mark_place(getattr(self.data, "key_marks", {}).get(key) or getattr(self.data, "mark", None), self.source)
 
     def value_place(self, key: Any) -> str:
-        return _fmt(getattr(self.data, "value_marks", {}).get(key) or getattr(self.data, "mark", None), self.source)
+        return mark_place(getattr(self.data, "value_marks", {}).get(key) or getattr(self.data, "mark", None),
+                          self.source)
 
     def fail(self, key: str, cause: str, hint: str) -> InputError:
         return InputError(f"{self.path(key)}: {cause}", place=self.value_place(key), hint=hint)
@@ -488,11 +485,12 @@ def _sbatch(f: _Fields) -> tuple[tuple[str, str | None], ...]:
     items: list[tuple[str, str | None, str]] = []
     if isinstance(raw, dict):
         for key, value in raw.items():
-            place = _fmt(raw.key_marks.get(key), f.source) if isinstance(raw, LocatedDict) else f.value_place("sbatch")
+            place = (mark_place(raw.key_marks.get(key), f.source) if isinstance(raw, LocatedDict)
+                     else f.value_place("sbatch"))
             items.append((str(key), None if value is True else str(value), place))
     elif isinstance(raw, list):
         for i, entry in enumerate(raw):
-            place = _fmt(getattr(raw, "value_marks", {}).get(i), f.source)
+            place = mark_place(getattr(raw, "value_marks", {}).get(i), f.source)
             if not isinstance(entry, str) or not entry.startswith("-"):
                 raise InputError(f"sbatch[{i}]: {entry!r} is not an option", place=place, hint="'--account=ml'")
             name, sep, value = entry.lstrip("-").partition("=")
@@ -663,7 +661,7 @@ def parse_job(data: Any, source: str, where: str = "") -> JobSpec:
     if f.boolean("colocate", False) and (f.has("container") or f.has("modules")):
         raise f.fail("colocate", "co-located jobs share one process tree under MPS: a container or modules per "
                      "job cannot apply", "drop colocate, or the container/modules")
-    places = {"": _fmt(getattr(data, "mark", None), source)}
+    places = {"": mark_place(getattr(data, "mark", None), source)}
     places.update({str(k): f.value_place(k) for k in data})
     return JobSpec(
         name=name,
@@ -713,11 +711,12 @@ def load_text(text: str, source: str) -> list[JobSpec]:
     if isinstance(data, dict) and "jobs" in data:
         extra = [k for k in data if k != "jobs"]
         if extra:
-            raise InputError(f"unknown top-level field '{extra[0]}'", place=_fmt(data.key_marks.get(extra[0]), source),
+            raise InputError(f"unknown top-level field '{extra[0]}'",
+                             place=mark_place(data.key_marks.get(extra[0]), source),
                              hint="a jobs file holds only 'jobs:'")
         jobs = data["jobs"]
         if not isinstance(jobs, list) or not jobs:
-            raise InputError("'jobs' must be a non-empty list", place=_fmt(data.value_marks.get("jobs"), source),
+            raise InputError("'jobs' must be a non-empty list", place=mark_place(data.value_marks.get("jobs"), source),
                              hint="jobs:\n  - name: a ...")
         specs = [spec for i, job in enumerate(jobs) for spec in _expanded(job, source, f"jobs[{i}]")]
     else:
